@@ -1,0 +1,76 @@
+"""The command line: thin commands over the stages; every error funnels through ``main``.
+
+Typer stays behind this package (STYLE: keep it behind one small module); command
+modules import nothing heavy at import time, so ``specconvert --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+import typer
+
+from ..errors import SpecConvertError
+
+app = typer.Typer(
+    name="specconvert",
+    help="Hugging Face target + EAGLE-3 head -> a verified speculative-decoding deployment on TensorRT-LLM.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+from . import recipe_cmd  # noqa: E402  (registers commands)
+
+recipe_cmd.register(app)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks (also SPECCONVERT_DEBUG=1)."),
+) -> None:
+    """specconvert: convert, build, serve-test and bench EAGLE-3 speculative decoding."""
+
+
+def _debug_enabled(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("SPECCONVERT_DEBUG", "") not in ("", "0")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _debug_enabled(argv)
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        app(args=argv, prog_name="specconvert", standalone_mode=False)
+    except SpecConvertError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        for problem in exc.problems[1:]:
+            print(f"  - {problem}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        # Usage errors: wrong option, missing argument.
+        exc.show(file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # the one place unexpected errors are summarised
+        if debug:
+            traceback.print_exc()
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc}. Run again with --debug for the traceback",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    sys.exit(0)

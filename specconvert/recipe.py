@@ -1,0 +1,303 @@
+"""The recipe schema: one YAML file drives every stage.
+
+Pydantic v2 with ``extra="forbid"`` everywhere, so a misspelled key is an error
+(with a "did you mean" hint) instead of a silently ignored setting. Defaults live
+here and nowhere else. ``load_recipe`` reads YAML, applies ``--set a.b=c``
+overrides, validates, and resolves the work directory relative to the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+
+class TargetSpec(_Strict):
+    """The target (verifier) model."""
+
+    model: str = Field(
+        description="Where the target comes from: a local Hugging Face folder, "
+        "`gguf://PACKAGE/FILE.gguf` (a GGUF shipped inside an installed Python package; converted "
+        "once to a Hugging Face folder and cached), or a Hugging Face hub id such as "
+        "`meta-llama/Llama-3.1-8B-Instruct` (local cache first; `HF_HUB_OFFLINE=1` honoured)."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for a hub id.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype the target is loaded and exported in; `auto` keeps the checkpoint's."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow custom modelling code shipped with the checkpoint. Off unless you trust it."
+    )
+
+
+class DraftSpec(_Strict):
+    """The EAGLE-3 draft head."""
+
+    model: str | None = Field(
+        None,
+        description="A pre-trained EAGLE-3 head: local folder or hub id, in any known layout "
+        "(EAGLE official `midlayer.*` + d2t/t2d, Model Optimizer `layers.0.*`, speculators).",
+    )
+    format: Literal["auto", "eagle", "modelopt", "speculators"] = Field(
+        "auto", description="Layout of `draft.model`; `auto` detects it from the tensor names and config."
+    )
+    aux_layers: Union[Literal["auto"], list[int]] = Field(
+        "auto",
+        description="Target layers whose hidden states feed the head. `auto`: the head's own config, "
+        "else Model Optimizer's default {1, N//2-1, N-4}. An explicit list is read in `aux_layer_convention`.",
+    )
+    aux_layer_convention: Literal["output", "input", "sglang"] = Field(
+        "output",
+        description="How explicit `aux_layers` are numbered: `output` = output of layer i (Model Optimizer, "
+        "TensorRT-LLM); `input` = input of layer i (EAGLE paper, = output of i-1); `sglang` = SGLang's "
+        "`eagle_aux_hidden_state_layer_ids` (output convention + 1).",
+    )
+    init: Literal["random"] | None = Field(
+        None,
+        description="`random`: a fresh, untrained head sized to the target, for plumbing tests only "
+        "(acceptance will be ~0). Never chosen silently.",
+    )
+    num_layers: int = Field(1, ge=1, description="Decoder layers of a new (random or trained) head.")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="Draft vocabulary of a new head; default: the target's vocabulary."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DraftSpec":
+        sources = [name for name, on in (("model", self.model), ("init", self.init)) if on]
+        if len(sources) == 0:
+            raise ValueError(
+                "no head given. Add `draft.model: <folder or hub id>`, or `draft.init: random` for a plumbing test"
+            )
+        if len(sources) > 1:
+            raise ValueError(f"give exactly one of draft.model, draft.init (got {', '.join(sources)})")
+        return self
+
+
+class QuantizeSpec(_Strict):
+    """Optional post-training quantization of the target with Model Optimizer."""
+
+    format: Literal["none", "fp8", "int4_awq", "nvfp4"] = Field(
+        "none",
+        description="`none` keeps the target as is (hard-linked, not copied). `fp8` and `int4_awq` "
+        "calibrate on CPU or GPU; `nvfp4` needs CUDA.",
+    )
+    calib_samples: int = Field(64, ge=1, description="Calibration prompts.")
+    calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
+    calib_prompts: str = Field("builtin:calib", description="`builtin:NAME` or a JSONL/text file of calibration text.")
+
+
+class TreeSpec(_Strict):
+    """EAGLE-2/3 dynamic draft tree."""
+
+    top_k: int = Field(8, ge=1, description="Children expanded per node and depth.")
+    depth: int = Field(5, ge=1, description="Draft steps (tree depth).")
+    total_tokens: int = Field(32, ge=2, description="Draft tokens kept after global rerank, plus the root.")
+
+
+class KVCacheSpec(_Strict):
+    free_gpu_memory_fraction: float = Field(0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache.")
+    enable_block_reuse: bool = Field(True, description="Prefix (block) reuse across requests.")
+    dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field("auto", description="KV cache dtype.")
+
+
+class BuildSpec(_Strict):
+    """Deployment bundle settings (shared by every backend)."""
+
+    max_draft_len: int = Field(3, ge=1, le=16, description="Draft tokens per step for a chain (linear EAGLE-3).")
+    tree: TreeSpec | None = Field(None, description="null for a chain of `max_draft_len`, or a dynamic tree.")
+    max_batch_size: int = Field(8, ge=1, description="Largest batch the runtime schedules.")
+    max_seq_len: int = Field(4096, ge=16, description="Prompt plus output tokens per request.")
+    max_num_tokens: int = Field(8192, ge=16, description="Tokens per scheduler iteration.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallel ranks.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallel ranks (not combinable with EAGLE-3).")
+    moe_expert_parallel_size: int = Field(1, ge=1, description="Expert parallel ranks for MoE targets.")
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs (TensorRT-LLM).")
+
+
+class RuntimeSpec(_Strict):
+    backend: Literal["reference", "trtllm"] = Field(
+        "reference", description="`reference`: our PyTorch EAGLE-3 decoder (CPU/CUDA); `trtllm`: TensorRT-LLM PyTorch backend."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for the reference backend.")
+    trtllm_version: str = Field(
+        "auto", description="TensorRT-LLM version whose option spellings the bundle uses; `auto` = installed one."
+    )
+
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _version_as_text(cls, value: Any) -> Any:
+        # YAML reads `1.2` as a float; a version is text.
+        return str(value) if isinstance(value, (int, float)) else value
+
+
+class Recipe(_Strict):
+    """A specconvert recipe."""
+
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Recipe name; default work directory runs/<name>.")
+    workdir: str | None = Field(None, description="Where stages write; relative paths are relative to the recipe file.")
+    target: TargetSpec
+    draft: DraftSpec
+    quantize: QuantizeSpec = Field(default_factory=QuantizeSpec)
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    # Not part of the schema: where the recipe was read from (for relative paths).
+    _base_dir: Path = Path(".")
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the recipe, relative to the recipe file."""
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (self._base_dir / path).resolve()
+
+    @property
+    def workdir_path(self) -> Path:
+        return self.resolve_path(self.workdir or f"runs/{self.name}")
+
+    def section(self, *names: str) -> dict[str, Any]:
+        """JSON-able dump of some top-level sections (stage fingerprints)."""
+        return {name: _dump(getattr(self, name)) for name in names}
+
+
+def _dump(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=c`` -> (["a", "b"], c) with ``c`` parsed as YAML (so 3, true, [1,2] are typed)."""
+    if "=" not in text:
+        raise InputError(f"--set '{text}' is not KEY=VALUE", fix="write it as --set build.max_draft_len=4")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise InputError(f"--set '{text}' has an empty key", fix="write it as --set build.max_draft_len=4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise InputError(
+                    f"--set {text}: '{part}' is a value, not a section", fix="set the key itself, e.g. --set draft.model=DIR"
+                )
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe. Raises :class:`InputError` listing every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"recipe file '{path}' does not exist", fix="pass the path of a recipe YAML, e.g. recipes/smollm2-135m-eagle3-cpu.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}: malformed YAML{where}: {problem}", fix="correct the YAML syntax there") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 text file", fix="pass a recipe YAML file") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a recipe is a mapping of keys, got {type(data).__name__}", fix="start from recipes/smollm2-135m-eagle3-cpu.yaml")
+    data = apply_overrides(data, overrides or [])
+    return validate_recipe(data, source=str(path), base_dir=path.resolve().parent)
+
+
+def validate_recipe(data: dict[str, Any], source: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(err) for err in exc.errors()]
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
+        raise InputError(f"{source}: {first}{more}", problems=problems) from None
+    recipe._base_dir = (base_dir or Path.cwd()).resolve()
+    return recipe
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
+    # Drop pydantic's union-branch labels such as 'list[int]' / "literal['auto']".
+    loc = [p for p in loc if not (p.startswith("list[") or p.startswith("literal["))]
+    where = ".".join(loc) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent_model = _model_at(loc[:-1])
+        options = list(parent_model.model_fields) if parent_model else []
+        guess = difflib.get_close_matches(loc[-1], options, n=1, cutoff=0.6)
+        hint = f"; did you mean '{'.'.join(loc[:-1] + [guess[0]])}'?" if guess else (
+            f"; valid keys here: {', '.join(options)}" if options else ""
+        )
+        return f"{where}: unknown key{hint}"
+    if kind == "missing":
+        return f"{where}: required key is missing; add it (see `specconvert recipe schema`)"
+    msg = err["msg"]
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    return f"{where}: {msg}"
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Recipe
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = _first_model(ann)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _first_model(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found:
+            return found
+    return None
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "specconvert recipe"
+    return schema
