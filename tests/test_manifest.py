@@ -1,0 +1,46 @@
+"""Stage directories: atomic swap, manifest last, fingerprint reuse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specconvert.manifest import MANIFEST, compute_fingerprint, read_manifest, stage_dir, up_to_date
+
+
+def test_stage_written_with_manifest_and_paths_rewritten(tmp_path):
+    final = tmp_path / "work" / "convert"
+    with stage_dir(final, "convert", {"a": 1}) as run:
+        (run.path / "x.txt").write_text("hi")
+        run.finish(artifacts={"file": str(run.path / "x.txt")})
+    manifest = read_manifest(final)
+    assert manifest["stage"] == "convert"
+    assert manifest["artifacts"]["file"] == str(final / "x.txt")
+    assert (final / "x.txt").read_text() == "hi"
+    assert up_to_date(final, compute_fingerprint("convert", {"a": 1}))
+    assert not up_to_date(final, compute_fingerprint("convert", {"a": 2}))
+    assert [p.name for p in final.parent.iterdir()] == ["convert"]
+
+
+def test_failure_leaves_previous_stage_untouched_and_no_staging(tmp_path):
+    final = tmp_path / "convert"
+    with stage_dir(final, "convert", {"v": 1}) as run:
+        (run.path / "old.txt").write_text("old")
+        run.finish()
+    with pytest.raises(RuntimeError):
+        with stage_dir(final, "convert", {"v": 2}) as run:
+            (run.path / "new.txt").write_text("half")
+            raise RuntimeError("mid-stage failure")
+    assert (final / "old.txt").is_file() and not (final / "new.txt").exists()
+    assert json.loads((final / MANIFEST).read_text())["inputs"] == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["convert"]
+
+
+def test_failure_on_first_run_leaves_nothing(tmp_path):
+    final = tmp_path / "convert"
+    with pytest.raises(KeyboardInterrupt):
+        with stage_dir(final, "convert", {}) as run:
+            (run.path / "a").write_text("x")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
