@@ -28,7 +28,7 @@ def classify(path: Path) -> str:
 
 
 def inspect_paths(paths: list[Path], allow_pickle: bool = False) -> dict[str, Any]:
-    from .heads import layouts
+    from . import heads as layouts
 
     if not 1 <= len(paths) <= 2:
         raise InputError(f"inspect takes one or two folders, got {len(paths)}", fix="specconvert inspect TARGET_DIR HEAD_DIR")

@@ -84,3 +84,12 @@ def progress() -> Iterator[Any]:
         transient=False,
     ) as bar:
         yield bar
+
+
+@contextmanager
+def libraries_to_stderr() -> Iterator[None]:
+    """Route what libraries print (Model Optimizer, transformers) to stderr: stdout is for results."""
+    from contextlib import redirect_stdout
+
+    with redirect_stdout(sys.stderr):
+        yield

@@ -26,7 +26,8 @@ def convert(
     from ..stages import convert as stage
 
     loaded = start(recipe, set_, json_out, quiet)
-    manifest, skipped = stage.run(loaded, force=force, allow_pickle=allow_pickle)
+    with output.libraries_to_stderr():
+        manifest, skipped = stage.run(loaded, force=force, allow_pickle=allow_pickle)
     if json_out:
         output.emit_json("convert", {"skipped": skipped, "stage_dir": str(stage.stage_path(loaded)), "manifest": manifest})
         return

@@ -54,7 +54,7 @@ def _checkpoint_dtype(config: dict[str, Any]) -> str:
 
 def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
     """Resolve sources and run every head/target compatibility check. No model is loaded."""
-    from ..heads import layouts
+    from .. import heads as layouts
 
     target = resolve_model(recipe.target.model, "target.model", recipe.base_dir, recipe.target.revision)
     config = json.loads((target.path / "config.json").read_text())
@@ -198,7 +198,8 @@ def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, 
         section["linked"] = linked
         section["dir"] = out if linked else p.target.path
         section["quantization"] = {"format": "none", "kv_cache_quant_algo": None}
-        output.check(True, f"target {'hard-linked' if linked else 'referenced in place (different filesystem)'}: {section['dir']}")
+        how = "hard-linked into convert/target" if linked else f"referenced in place at {p.target.path} (another filesystem)"
+        output.check(True, f"target {how}, nothing copied")
     else:
         section["dir"] = out
         section["linked"] = False
