@@ -128,8 +128,12 @@ def to_canonical(ckpt: HeadCheckpoint) -> CanonicalHead:
             tensors[name] = tensor
             source_names[name] = src
     arch = _arch(ckpt, tensors)
-    if "d2t" in tensors and tensors["d2t"].dtype != _torch().int64:
-        arch.notes.append(f"d2t stored as {str(tensors['d2t'].dtype).replace('torch.', '')}; emitted as int64")
+    d2t = tensors.get("d2t")
+    torch = _torch()
+    if d2t is not None and d2t.dtype != torch.int64 and not d2t.is_floating_point() and d2t.dtype != torch.bool:
+        # the canonical d2t is int64; widening an integer tensor keeps every value (torch.equal still holds)
+        arch.notes.append(f"d2t stored as {str(d2t.dtype).replace('torch.', '')}; widened to int64")
+        tensors["d2t"] = d2t.to(torch.int64)
     return CanonicalHead(arch=arch, tensors=tensors, source_names=source_names, dropped=dropped,
                          unexpected=sorted(unexpected))
 

@@ -26,6 +26,7 @@ FORMATS = ("auto",) + LAYOUTS
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _PICKLE_INDEX = "pytorch_model.bin.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+_NOT_WEIGHTS = ("training_args", "optimizer", "scheduler", "rng_state", "trainer_state")
 # A safetensors header larger than this is not a head checkpoint (the format caps it at 100 MB).
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -102,7 +103,11 @@ def _find_weight_files(path: Path) -> tuple[list[Path], str]:
     pindex = path / _PICKLE_INDEX
     if pindex.is_file():
         return _shards_from_index(pindex), "pickle"
-    pickles = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _PICKLE_SUFFIXES)
+    if (path / "pytorch_model.bin").is_file():
+        return [path / "pytorch_model.bin"], "pickle"
+    # trainer folders also hold pickles that are not weights (training_args.bin, optimizer.pt, rng_state.pth)
+    pickles = sorted(p for p in path.iterdir()
+                     if p.is_file() and p.suffix in _PICKLE_SUFFIXES and not p.name.startswith(_NOT_WEIGHTS))
     if pickles:
         return pickles, "pickle"
     raise InputError(

@@ -224,4 +224,14 @@ def test_speculators_other_algorithm(tmp_path):
 def test_d2t_int32_is_noted(tmp_path):
     d2t = canonical_tensors()["d2t"].to(torch.int32)
     head = to_canonical(read_head(write_head(tmp_path / "h", "modelopt", tensor_overrides={"d2t": d2t})))
-    assert any("d2t stored as int32" in n for n in head.arch.notes)
+    assert any("d2t stored as int32; widened to int64" in n for n in head.arch.notes)
+    assert head.tensors["d2t"].dtype == torch.int64 and torch.equal(head.tensors["d2t"], d2t)
+
+
+def test_trainer_pickles_are_not_taken_for_weights(tmp_path):
+    d = write_head(tmp_path / "h", "eagle_bin")
+    (d / "pytorch_model.bin").rename(d / "eagle3_head.pt")
+    torch.save({"lr": 1.0}, d / "training_args.bin")
+    torch.save({"state": {}}, d / "optimizer.pt")
+    ckpt = read_head(d, allow_pickle=True)
+    assert [f.name for f in ckpt.weight_files] == ["eagle3_head.pt"] and ckpt.layout == "eagle"
