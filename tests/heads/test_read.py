@@ -167,6 +167,7 @@ def test_pickle_refused_by_default(tmp_path):
     assert "--allow-pickle" in exc.value.fix and "weights_only=True" in exc.value.fix
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickle_with_code_is_refused_even_when_allowed(tmp_path):
     d = write_head(tmp_path / "h", "eagle_bin")
 
