@@ -9,7 +9,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_QUIET ?= -q
 
-.PHONY: env demo test test-fast test-compat bench-cli clean
+.PHONY: env demo test test-fast test-compat bench-cli bench-convert clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +49,6 @@ bench-cli: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+bench-convert: $(STAMP)
+	$(VPY) benchmarks/bench_convert.py

@@ -58,11 +58,12 @@ class DraftSpec(_Strict):
         description="Target layers whose hidden states feed the head. `auto`: the head's own config, "
         "else Model Optimizer's default {1, N//2-1, N-4}. An explicit list is read in `aux_layer_convention`.",
     )
-    aux_layer_convention: Literal["output", "input", "sglang"] = Field(
+    aux_layer_convention: Literal["output", "input", "sglang", "vllm", "speculators"] = Field(
         "output",
         description="How explicit `aux_layers` are numbered: `output` = output of layer i (Model Optimizer, "
-        "TensorRT-LLM); `input` = input of layer i (EAGLE paper, = output of i-1); `sglang` = SGLang's "
-        "`eagle_aux_hidden_state_layer_ids` (output convention + 1).",
+        "TensorRT-LLM `eagle3_layers_to_capture`); `input` = input of layer i (EAGLE paper, vLLM, speculators; "
+        "= output of i-1); `sglang` = the `eagle_aux_hidden_state_layer_ids` of an SGLang draft config, which "
+        "SGLang shifts by +1 itself to capture layer inputs, so the numbers equal `output`.",
     )
     init: Literal["random"] | None = Field(
         None,

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     debug = _debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
     try:
-        app(args=argv, prog_name="specconvert", standalone_mode=False)
+        # Without standalone mode, click returns a command's typer.Exit code instead of raising it.
+        code = app(args=argv, prog_name="specconvert", standalone_mode=False)
     except SpecConvertError as exc:
         if debug:
             traceback.print_exc()
@@ -79,4 +80,4 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
