@@ -176,7 +176,10 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
                 "trtllm/llm_api_options.yaml": trt_options.flatten_keys(decided["options"]),
                 "trtllm/baseline.yaml": trt_options.flatten_keys(decided["baseline"]),
             },
-            "option_names_source": trt_options.option_names(target.spelling.family)["source"],
+            "option_names_file": f"specconvert/data/trtllm/options/{target.spelling.family}.json",
+            "option_names_sources": [
+                url for src in trt_options.option_names(target.spelling.family)["source"] for url in src.get("urls", [])
+            ],
         }
         artifacts = {
             "bundle": str(root),
