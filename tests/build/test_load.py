@@ -149,3 +149,15 @@ def test_reference_module_failing_inside_is_not_swallowed(project, cli, monkeypa
     result = cli("build", project.recipe_path)
     assert result.code == 1 and "some_dependency" in result.err
     assert not project.engine.exists()
+
+
+def test_trtllm_runtime_failure_while_warming_is_external_failure(project, cli, fake_trtllm, monkeypatch):
+    trtllm = fake_trtllm("1.3.0rc27")
+
+    def broken_generate(self, prompts, params):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(trtllm.LLM, "generate", broken_generate)
+    result = cli("build", project.recipe_path)
+    assert result.code == 4 and "warm-up generation failed" in result.err and "illegal memory access" in result.err
+    assert not project.engine.exists()

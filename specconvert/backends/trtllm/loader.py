@@ -65,6 +65,11 @@ def load_and_warm(target_dir: str, options: dict[str, Any], config_class: str, m
             fix="check engine/trtllm/llm_api_options.yaml against this TensorRT-LLM version; rerun with --no-load to "
             "write the bundle only",
         ) from exc
+    except RuntimeError as exc:  # CUDA / NCCL / MPI failures while loading
+        raise ExternalFailure(
+            f"TensorRT-LLM failed to load the target and draft: {exc}",
+            fix="see the TensorRT-LLM log above; rerun with --no-load to write the bundle only",
+        ) from exc
     load_s = time.perf_counter() - started
     try:
         params = trtllm.SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
@@ -73,6 +78,8 @@ def load_and_warm(target_dir: str, options: dict[str, Any], config_class: str, m
         gen_s = time.perf_counter() - started
         per_iter = [_acceptance(out) for out in outputs]
         tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
+    except RuntimeError as exc:
+        raise ExternalFailure(f"TensorRT-LLM warm-up generation failed: {exc}", fix="see the TensorRT-LLM log above") from exc
     finally:
         shutdown = getattr(llm, "shutdown", None)
         if shutdown is not None:
