@@ -257,11 +257,16 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
     started = time.perf_counter()
     decoder = ReferenceDecoder.from_convert_manifest(convert, device=device, dtype=dtype)
     load_s = time.perf_counter() - started
-    prompt_ids = list(decoder.tokenizer.encode(loader.WARMUP_PROMPTS[0]))
+    tokenizer = getattr(decoder, "tokenizer", None)
+    if tokenizer is not None:
+        prompt, prompt_ids = loader.WARMUP_PROMPTS[0], list(tokenizer.encode(loader.WARMUP_PROMPTS[0]))
+    else:  # a target folder without tokenizer files: warm up on fixed token ids
+        prompt, prompt_ids = None, list(range(1, 9))
+    tree = recipe.build.tree.model_dump() if recipe.build.tree is not None else None
     result = decoder.generate(
         prompt_ids,
         recipe.build.warmup_tokens,
-        DecodeSettings(max_draft_len=recipe.build.max_draft_len, tree=recipe.build.tree, temperature=0.0),
+        DecodeSettings(max_draft_len=recipe.build.max_draft_len, tree=tree, temperature=0.0),
     )
     info = {
         "loaded": True,
@@ -270,6 +275,7 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
         "dtype": dtype,
         "load_s": round(load_s, 3),
         "warmup": {
+            "prompt": prompt if prompt is not None else f"token ids {prompt_ids} (no tokenizer)",
             "new_tokens": len(result.token_ids),
             "acceptance_length": result.acceptance_length,
             "tokens_per_second": result.tokens_per_second,

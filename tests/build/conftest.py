@@ -151,3 +151,65 @@ def fake_trtllm(tmp_path_factory, monkeypatch):
 def normalise(text: str, project: Project) -> str:
     """Replace the per-test paths so generated files compare with golden copies."""
     return text.replace(str(project.draft_dir), "<DRAFT_DIR>").replace(str(project.target_dir), "<TARGET_DIR>")
+
+
+def write_tiny_models(root: Path, *, vocab: int, hidden: int, heads: int, layers: int, inter: int,
+                      aux: list[int], dtype: str = "float32", tokenizer=None, seed: int = 0) -> tuple[Path, Path]:
+    """A random Llama target and an EAGLE-3 head in Model Optimizer's export layout (`layers.0.*`)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    target_dir, draft_dir = root / "target", root / "draft"
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads,
+                         num_hidden_layers=layers, intermediate_size=inter, vocab_size=vocab,
+                         max_position_embeddings=2048)
+    config.architectures = ["LlamaForCausalLM"]
+    LlamaForCausalLM(config).to(torch_dtype).save_pretrained(target_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(target_dir)
+
+    def rand(*shape):
+        return (torch.randn(*shape) * 0.02).to(torch_dtype)
+
+    def ones(size):
+        return torch.ones(size, dtype=torch_dtype)
+
+    weights = {
+        "fc.weight": rand(hidden, 3 * hidden),
+        "norm.weight": ones(hidden),
+        "lm_head.weight": rand(vocab, hidden),
+        "layers.0.input_layernorm.weight": ones(hidden),
+        "layers.0.hidden_norm.weight": ones(hidden),
+        "layers.0.post_attention_layernorm.weight": ones(hidden),
+        "layers.0.self_attn.q_proj.weight": rand(hidden, 2 * hidden),
+        "layers.0.self_attn.k_proj.weight": rand(hidden, 2 * hidden),
+        "layers.0.self_attn.v_proj.weight": rand(hidden, 2 * hidden),
+        "layers.0.self_attn.o_proj.weight": rand(hidden, hidden),
+        "layers.0.mlp.gate_proj.weight": rand(inter, hidden),
+        "layers.0.mlp.up_proj.weight": rand(inter, hidden),
+        "layers.0.mlp.down_proj.weight": rand(hidden, inter),
+    }
+    draft_dir.mkdir()
+    save_file(weights, str(draft_dir / "model.safetensors"))
+    (draft_dir / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "num_attention_heads": heads, "num_key_value_heads": heads, "num_hidden_layers": 1,
+        "intermediate_size": inter, "vocab_size": vocab, "draft_vocab_size": vocab,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+        "torch_dtype": dtype, "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux},
+    }))
+    return target_dir, draft_dir
+
+
+def tiny_project(tmp_path: Path, target_dir: Path, draft_dir: Path, *, layers: int, hidden: int, vocab: int,
+                 aux: list[int], dtype: str, recipe: dict) -> Project:
+    project = Project(tmp_path, tmp_path / "recipe.yaml", tmp_path / "work", target_dir, draft_dir)
+    project.write_recipe(**recipe)
+    project.write_convert(decisions={"aux_layer_ids": aux, "draft_vocab_size": vocab},
+                          target={"num_hidden_layers": layers, "hidden_size": hidden, "vocab_size": vocab,
+                                  "max_position_embeddings": 2048, "dtype": dtype},
+                          draft={"max_position_embeddings": 2048, "dtype": dtype})
+    return project

@@ -131,10 +131,20 @@ def test_reference_backend_loads_and_warms(project, cli, monkeypatch):
     assert result.code == 0, result.err
     manifest = result.json()["manifest"]
     assert manifest["loaded"] is True and manifest["load"]["backend"] == "reference"
-    assert manifest["load"]["warmup"] == {"new_tokens": 32, "acceptance_length": 2.75, "tokens_per_second": 12.5}
+    assert manifest["load"]["warmup"] == {"prompt": "The capital of France is", "new_tokens": 32,
+                                          "acceptance_length": 2.75, "tokens_per_second": 12.5}
     assert calls[0] == ("load", str(project.draft_dir), "cpu", "bfloat16")
     settings = calls[1][3]
     assert (settings.max_draft_len, settings.tree, settings.temperature) == (4, None, 0.0)
+
+
+def test_reference_backend_gets_the_tree_as_a_mapping(project, cli, monkeypatch):
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "specconvert.reference", _fake_reference_module(calls))
+    project.write_recipe(runtime={"backend": "reference", "device": "cpu"},
+                         build={"tree": {"top_k": 4, "depth": 3, "total_tokens": 12}})
+    assert cli("build", project.recipe_path).code == 0
+    assert calls[1][3].tree == {"top_k": 4, "depth": 3, "total_tokens": 12}
 
 
 def test_reference_module_failing_inside_is_not_swallowed(project, cli, monkeypatch):
