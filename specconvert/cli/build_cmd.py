@@ -40,7 +40,8 @@ def build(
         ("bundle", str(build_stage.engine_dir(loaded)) + ("  (up to date, skipped)" if result.skipped else "")),
         ("TensorRT-LLM spellings", f"{decisions.get('trtllm_version')} ({decisions.get('trtllm_version_source')}) -> "
          f"{decisions.get('spelling_family')}.x, decoding_type {decisions.get('decoding_type')}"),
-        ("aux layers", f"{decisions.get('aux_layer_ids')} (TRT-LLM) / {decisions.get('sglang_vllm_aux_layer_ids')} (SGLang, vLLM)"),
+        ("aux layers", f"{decisions.get('aux_layer_ids')} (TRT-LLM, SGLang config) / "
+         f"{decisions.get('vllm_aux_layer_ids')} (vLLM config)"),
         ("TRT-LLM drafting", decisions.get("trtllm_drafting")),
         ("loaded", "yes" if manifest.get("loaded") else f"no: {manifest.get('load_skipped_reason')}"),
     ]

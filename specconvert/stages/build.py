@@ -112,7 +112,6 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
     artifacts_in = convert["artifacts"]
     target_dir, draft_dir = str(artifacts_in["target_dir"]), str(artifacts_in["draft_dir"])
     aux = [int(i) for i in convert["decisions"]["aux_layer_ids"]]
-    plus_one = launch.sglang_aux_layer_ids(aux)
     title = f"{recipe.name}: target {target_dir}, draft {draft_dir}"
 
     with stage_dir(final, STAGE, inputs) as stage:
@@ -133,16 +132,16 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
         launch.write_executable(trt / "bench.sh", launch.trtllm_bench(target_dir, title))
         (trt / "dataset.jsonl").write_text(launch.bench_dataset(), encoding="utf-8")
 
-        overlay = root / "draft_plus1"
-        overlay_info = launch.write_draft_overlay(Path(draft_dir), overlay, plus_one)
-        final_overlay = str(final / "draft_plus1")
-        launch.write_executable(
-            root / "vllm" / "serve.sh", launch.vllm_serve(target_dir, final_overlay, recipe.build, recipe.runtime, title)
-        )
-        launch.write_executable(
-            root / "sglang" / "serve.sh",
-            launch.sglang_serve(target_dir, final_overlay, recipe.build, recipe.runtime, title),
-        )
+        overlays = {}
+        for engine, update, script in (
+            ("vllm", launch.vllm_overlay_update(aux), launch.vllm_serve),
+            ("sglang", launch.sglang_overlay_update(aux), launch.sglang_serve),
+        ):
+            overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
+            launch.write_executable(
+                root / engine / "serve.sh",
+                script(target_dir, str(final / engine / "draft"), recipe.build, recipe.runtime, title),
+            )
 
         reference_settings = {
             "target_dir": target_dir,
@@ -167,7 +166,9 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
             **target.as_dict(),
             "aux_layer_ids": aux,
             "aux_layer_convention": "output of layer i (TensorRT-LLM eagle3_layers_to_capture)",
-            "sglang_vllm_aux_layer_ids": plus_one,
+            "vllm_aux_layer_ids": launch.vllm_config_aux_ids(aux),
+            "sglang_config_aux_layer_ids": launch.sglang_config_aux_ids(aux),
+            "sglang_captured_layers": launch.sglang_captured_layers(launch.sglang_config_aux_ids(aux)),
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
             "trtllm_drafting": "dynamic_tree" if report.trtllm_tree else f"chain of {recipe.build.max_draft_len}",
             "sglang_shape": launch.chain_or_tree(recipe.build),
@@ -192,8 +193,9 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
             "trtllm_dataset": str(trt / "dataset.jsonl"),
             "vllm_serve": str(root / "vllm" / "serve.sh"),
             "sglang_serve": str(root / "sglang" / "serve.sh"),
-            "draft_overlay": str(overlay),
-            "draft_overlay_files": overlay_info,
+            "vllm_draft": str(root / "vllm" / "draft"),
+            "sglang_draft": str(root / "sglang" / "draft"),
+            "draft_overlay_files": overlays,
             "reference_settings": str(root / "reference" / "settings.json"),
         }
         timings = {"load_s": load_info.get("load_s")} if load_info.get("load_s") is not None else {}

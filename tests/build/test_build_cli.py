@@ -65,27 +65,45 @@ def test_manifest_records_decisions(project, cli):
     assert manifest["artifacts"]["trtllm_options"] == str(project.engine / "trtllm" / "llm_api_options.yaml")
 
 
-def test_sglang_and_vllm_get_plus_one_aux_layers(project, cli):
+def test_sglang_and_vllm_aux_layer_conventions(project, cli):
+    """TRT-LLM and SGLang's config take output-of-layer ids (SGLang adds 1 itself and captures the
+    input of those layers); vLLM's top-level key is used directly as input-of-layer ids (+1)."""
+    # Make the head's own list differ from the convert decision, so the overlay must rewrite it.
+    config = json.loads((project.draft_dir / "config.json").read_text())
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [9, 9, 9]
+    (project.draft_dir / "config.json").write_text(json.dumps(config))
     assert cli("build", project.recipe_path, "--no-load").code == 0
-    overlay = project.engine / "draft_plus1"
-    config = json.loads((overlay / "config.json").read_text())
     plus_one = [i + 1 for i in AUX_IDS]
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == plus_one
-    assert config["eagle_config"]["use_aux_hidden_state"] is True  # the rest of the config survives
-    assert config["eagle_aux_hidden_state_layer_ids"] == plus_one
-    link = overlay / "model.safetensors"
-    assert link.is_symlink() and link.resolve() == (project.draft_dir / "model.safetensors").resolve()
-    # The original head is untouched; TRT-LLM keeps the output convention.
+
+    sglang_draft = project.engine / "sglang" / "draft"
+    sglang_config = json.loads((sglang_draft / "config.json").read_text())
+    assert sglang_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
+    assert sglang_config["eagle_config"]["use_aux_hidden_state"] is True  # the rest of the config survives
+    # What SGLang then captures: the input of layer i+1, i.e. the output of layer i.
+    from specconvert.backends import launch
+
+    assert launch.sglang_captured_layers(sglang_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) == plus_one
+
+    vllm_draft = project.engine / "vllm" / "draft"
+    vllm_config = json.loads((vllm_draft / "config.json").read_text())
+    assert vllm_config["eagle_aux_hidden_state_layer_ids"] == plus_one
+    for overlay in (sglang_draft, vllm_draft):
+        link = overlay / "model.safetensors"
+        assert link.is_symlink() and link.resolve() == (project.draft_dir / "model.safetensors").resolve()
+    # The original head is untouched; TRT-LLM gets the output convention explicitly.
     original = json.loads((project.draft_dir / "config.json").read_text())
-    assert original["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
+    assert original["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [9, 9, 9]
     options = yaml.safe_load((project.engine / "trtllm" / "llm_api_options.yaml").read_text())
     assert options["speculative_config"]["eagle3_layers_to_capture"] == AUX_IDS
+
     sglang = (project.engine / "sglang" / "serve.sh").read_text()
-    assert "--speculative-algorithm EAGLE3" in sglang and f"--speculative-draft-model-path {overlay}" in sglang
+    assert "--speculative-algorithm EAGLE3" in sglang and f"--speculative-draft-model-path {sglang_draft}" in sglang
     assert "--speculative-num-steps 3 --speculative-eagle-topk 1" in sglang and "--speculative-num-draft-tokens 4" in sglang
     vllm = (project.engine / "vllm" / "serve.sh").read_text()
-    assert '"method": "eagle3"' in vllm and f'"model": "{overlay}"' in vllm and '"num_speculative_tokens": 3' in vllm
-    assert project.manifest()["decisions"]["sglang_vllm_aux_layer_ids"] == plus_one
+    assert '"method": "eagle3"' in vllm and f'"model": "{vllm_draft}"' in vllm and '"num_speculative_tokens": 3' in vllm
+    decisions = project.manifest()["decisions"]
+    assert decisions["vllm_aux_layer_ids"] == plus_one
+    assert decisions["sglang_config_aux_layer_ids"] == AUX_IDS and decisions["sglang_captured_layers"] == plus_one
 
 
 def test_multi_gpu_settings_reach_options_and_scripts(project, cli):
