@@ -124,7 +124,7 @@ class BuildSpec(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallel ranks.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallel ranks (not combinable with EAGLE-3).")
     moe_expert_parallel_size: int = Field(1, ge=1, description="Expert parallel ranks for MoE targets.")
-    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="KV cache settings (TensorRT-LLM kv_cache_config).")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs (TensorRT-LLM).")
     temperature: float = Field(
         0.0,
