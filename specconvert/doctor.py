@@ -162,7 +162,9 @@ def run(recipe: Any | None) -> DoctorReport:
     report.facts["trtllm_target"] = target.as_dict()
     for message in combos.errors:
         report.add("combination", "fail", message)
-    for message in list(target.warnings) + combos.warnings:
+    for message in target.warnings:
+        report.add("trtllm version", "warn", message)
+    for message in combos.warnings:
         report.add("combination", "warn", message)
     if not combos.errors:
         report.add("combinations", "ok", "EAGLE-3 feature combination is valid"
