@@ -28,11 +28,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import convert_cmd, inspect_cmd, recipe_cmd  # noqa: E402  (registers commands)
+from . import build_cmd, convert_cmd, inspect_cmd, recipe_cmd  # noqa: E402  (registers commands)
 
 recipe_cmd.register(app)
 convert_cmd.register(app)
 inspect_cmd.register(app)
+build_cmd.register(app)
 
 
 @app.callback()

@@ -1,0 +1,291 @@
+"""The `build` stage: convert/ + recipe `build`/`runtime` -> <workdir>/engine/, the deployment bundle.
+
+Order of work: read and check the convert manifest, pick the TensorRT-LLM version
+and its spellings, apply the EAGLE-3 combination rules, generate every option
+(checked against that version's option names) — all before anything is written;
+then write the bundle into a staging directory, optionally load and warm it
+(TensorRT-LLM or the reference decoder), and seal it with the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import output
+from .._imports import installed_version
+from ..backends import launch
+from ..backends.trtllm import loader, options as trt_options, rules, versions
+from ..errors import InputError
+from ..manifest import compute_fingerprint, manifest_hash, require_manifest, stage_dir, up_to_date
+
+STAGE = "build"
+
+
+@dataclass
+class BuildResult:
+    manifest: dict[str, Any]
+    skipped: bool  # inputs unchanged: the existing bundle was kept
+
+
+def engine_dir(recipe: Any) -> Path:
+    return recipe.workdir_path / "engine"
+
+
+def read_convert(recipe: Any) -> dict[str, Any]:
+    """The convert manifest, checked for every field build relies on (all problems at once)."""
+    convert_dir = recipe.workdir_path / "convert"
+    manifest = require_manifest(convert_dir, "convert", "convert")
+    problems = []
+    artifacts = manifest.get("artifacts") or {}
+    for key in ("target_dir", "draft_dir"):
+        value = artifacts.get(key)
+        if not value:
+            problems.append(f"convert manifest: artifacts.{key} is missing")
+        elif not Path(value).is_dir():
+            problems.append(f"convert manifest: artifacts.{key} = {value} is not a directory")
+    aux = (manifest.get("decisions") or {}).get("aux_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) for i in aux):
+        problems.append("convert manifest: decisions.aux_layer_ids must be a non-empty list of integers")
+    else:
+        layers = (manifest.get("target") or {}).get("num_hidden_layers")
+        if isinstance(layers, int) and any(i < 0 or i >= layers for i in aux):
+            problems.append(f"convert manifest: decisions.aux_layer_ids {aux} outside the target's {layers} layers")
+    if problems:
+        raise InputError(
+            f"{convert_dir / 'manifest.json'}: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            fix="rerun `specconvert convert RECIPE --force`",
+            problems=problems,
+        )
+    return manifest
+
+
+def plan(recipe: Any, convert: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything build decides, without writing: version, rules, options. Raises on a bad combination."""
+    target = versions.resolve(recipe.runtime.trtllm_version)
+    report = rules.check(recipe, convert, target)
+    if report.errors:
+        more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
+        raise InputError(report.errors[0] + more, problems=report.errors)
+    result: dict[str, Any] = {"target": target, "report": report}
+    if convert is not None:
+        artifacts = convert["artifacts"]
+        aux = convert["decisions"]["aux_layer_ids"]
+        spec = trt_options.speculative_config(target, recipe.build, artifacts["draft_dir"], aux, report)
+        result["options"] = trt_options.llm_api_options(target, recipe.build, report, spec)
+        result["baseline"] = trt_options.llm_api_options(target, recipe.build, report, None)
+    return result
+
+
+def _yaml(options: dict[str, Any], header: list[str]) -> str:
+    return "".join(f"# {line}\n" for line in header) + yaml.safe_dump(options, sort_keys=False)
+
+
+def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
+    """Build (or keep, when unchanged) ``<workdir>/engine/``; return its manifest."""
+    convert = read_convert(recipe)
+    decided = plan(recipe, convert)
+    target: versions.TargetVersion = decided["target"]
+    report: rules.RuleReport = decided["report"]
+    final = engine_dir(recipe)
+    inputs = {
+        "recipe": recipe.section("build", "runtime"),
+        "convert_manifest": manifest_hash(convert),
+        "tensorrt_llm_installed": installed_version("tensorrt_llm"),
+        "load": load,
+    }
+    if not force:
+        existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
+        if existing is not None:
+            output.log(f"build: {final} is up to date (use --force to rebuild)")
+            return BuildResult(existing, skipped=True)
+
+    warnings = list(target.warnings) + list(report.warnings)
+    for message in warnings:
+        output.warn(message)
+
+    artifacts_in = convert["artifacts"]
+    target_dir, draft_dir = str(artifacts_in["target_dir"]), str(artifacts_in["draft_dir"])
+    aux = [int(i) for i in convert["decisions"]["aux_layer_ids"]]
+    title = f"{recipe.name}: target {target_dir}, draft {draft_dir}"
+
+    with stage_dir(final, STAGE, inputs) as stage:
+        root = stage.path
+        trt = root / "trtllm"
+        trt.mkdir()
+        header = [
+            f"TensorRT-LLM {target.version} ({target.spelling.family}.x spellings, source: {target.source}) "
+            "LLM-API options, generated by `specconvert build`.",
+            "Use: trtllm-serve MODEL --extra_llm_api_options THIS_FILE (see serve.sh).",
+        ]
+        (trt / "llm_api_options.yaml").write_text(_yaml(decided["options"], header), encoding="utf-8")
+        (trt / "baseline.yaml").write_text(
+            _yaml(decided["baseline"], header + ["Baseline: the same settings without speculative decoding."]),
+            encoding="utf-8",
+        )
+        launch.write_executable(trt / "serve.sh", launch.trtllm_serve(target_dir, recipe.build, recipe.runtime, title))
+        launch.write_executable(trt / "bench.sh", launch.trtllm_bench(target_dir, title))
+        (trt / "dataset.jsonl").write_text(launch.bench_dataset(), encoding="utf-8")
+
+        overlays = {}
+        for engine, update, script in (
+            ("vllm", launch.vllm_overlay_update(aux), launch.vllm_serve),
+            ("sglang", launch.sglang_overlay_update(aux), launch.sglang_serve),
+        ):
+            overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
+            launch.write_executable(
+                root / engine / "serve.sh",
+                script(target_dir, str(final / engine / "draft"), recipe.build, recipe.runtime, title),
+            )
+
+        reference_settings = {
+            "target_dir": target_dir,
+            "draft_dir": draft_dir,
+            "aux_layer_ids": aux,
+            "max_draft_len": recipe.build.max_draft_len,
+            "tree": recipe.build.tree.model_dump() if recipe.build.tree else None,
+            "device": recipe.runtime.device,
+            "dtype": (convert.get("target") or {}).get("dtype"),
+            "temperature": recipe.build.temperature,
+            "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
+        }
+        (root / "reference").mkdir()
+        (root / "reference" / "settings.json").write_text(json.dumps(reference_settings, indent=2) + "\n")
+
+        load_info = _load(recipe, convert, decided, target, load, reference_settings)
+        for message in load_info.pop("warnings", []):
+            warnings.append(message)
+            output.warn(message)
+
+        decisions = {
+            **target.as_dict(),
+            "aux_layer_ids": aux,
+            "aux_layer_convention": "output of layer i (TensorRT-LLM eagle3_layers_to_capture)",
+            "vllm_aux_layer_ids": launch.vllm_config_aux_ids(aux),
+            "sglang_config_aux_layer_ids": launch.sglang_config_aux_ids(aux),
+            "sglang_captured_layers": launch.sglang_captured_layers(launch.sglang_config_aux_ids(aux)),
+            "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
+            "trtllm_drafting": "dynamic_tree" if report.trtllm_tree else f"chain of {recipe.build.max_draft_len}",
+            "sglang_shape": launch.chain_or_tree(recipe.build),
+            "fixes": report.fixes,
+            "keys_written": {
+                "trtllm/llm_api_options.yaml": trt_options.flatten_keys(decided["options"]),
+                "trtllm/baseline.yaml": trt_options.flatten_keys(decided["baseline"]),
+            },
+            "option_names_file": f"specconvert/data/trtllm/options/{target.spelling.family}.json",
+            "option_names_sources": [
+                url for src in trt_options.option_names(target.spelling.family)["source"] for url in src.get("urls", [])
+            ],
+        }
+        artifacts = {
+            "bundle": str(root),
+            "target_dir": target_dir,
+            "draft_dir": draft_dir,
+            "trtllm_options": str(trt / "llm_api_options.yaml"),
+            "trtllm_baseline": str(trt / "baseline.yaml"),
+            "trtllm_serve": str(trt / "serve.sh"),
+            "trtllm_bench": str(trt / "bench.sh"),
+            "trtllm_dataset": str(trt / "dataset.jsonl"),
+            "vllm_serve": str(root / "vllm" / "serve.sh"),
+            "sglang_serve": str(root / "sglang" / "serve.sh"),
+            "vllm_draft": str(root / "vllm" / "draft"),
+            "sglang_draft": str(root / "sglang" / "draft"),
+            "draft_overlay_files": overlays,
+            "reference_settings": str(root / "reference" / "settings.json"),
+        }
+        timings = {"load_s": load_info.get("load_s")} if load_info.get("load_s") is not None else {}
+        stage.finish(
+            recipe=recipe.name,
+            backend=recipe.runtime.backend,
+            artifacts=artifacts,
+            decisions=decisions,
+            warnings=warnings,
+            loaded=bool(load_info.get("loaded")),
+            load_skipped_reason=load_info.get("load_skipped_reason"),
+            load=load_info,
+            timings=timings,
+        )
+    return BuildResult(stage.manifest, skipped=False)
+
+
+def _load(recipe, convert, decided, target, load: bool, reference_settings) -> dict[str, Any]:
+    """Load + warm the bundle in the recipe's backend, or say exactly why not."""
+    backend = recipe.runtime.backend
+    if not load:
+        return {"loaded": False, "backend": backend, "load_skipped_reason": "--no-load"}
+    if backend == "trtllm":
+        reason = loader.skip_reason()
+        if reason:
+            return {"loaded": False, "backend": backend, "load_skipped_reason": reason}
+        output.log(f"build: loading target + EAGLE-3 head in TensorRT-LLM {target.version}")
+        return loader.load_and_warm(
+            convert["artifacts"]["target_dir"],
+            decided["options"],
+            target.spelling.config_class,
+            recipe.build.warmup_tokens,
+        )
+    return _load_reference(recipe, convert, reference_settings)
+
+
+def _reference_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    ok, _ = loader.cuda_available()
+    return "cuda" if ok else "cpu"
+
+
+def _load_reference(recipe, convert, settings) -> dict[str, Any]:
+    import time
+
+    try:
+        from ..reference import DecodeSettings, ReferenceDecoder
+    except ImportError as exc:
+        # Only a missing reference module is an expected absence; a dependency failing inside it is not.
+        if getattr(exc, "name", None) != "specconvert.reference":
+            raise
+        return {
+            "loaded": False,
+            "backend": "reference",
+            "load_skipped_reason": f"specconvert.reference not available in this installation ({exc})",
+        }
+    device = _reference_device(recipe.runtime.device)
+    dtype = settings["dtype"]
+    output.log(f"build: loading the reference EAGLE-3 decoder on {device}")
+    started = time.perf_counter()
+    decoder = ReferenceDecoder.from_convert_manifest(convert, device=device, dtype=dtype)
+    load_s = time.perf_counter() - started
+    tokenizer = getattr(decoder, "tokenizer", None)
+    if tokenizer is not None:
+        prompt, prompt_ids = loader.WARMUP_PROMPTS[0], list(tokenizer.encode(loader.WARMUP_PROMPTS[0]))
+    else:  # a target folder without tokenizer files: warm up on fixed token ids
+        prompt, prompt_ids = None, list(range(1, 9))
+    tree = recipe.build.tree.model_dump() if recipe.build.tree is not None else None
+    result = decoder.generate(
+        prompt_ids,
+        recipe.build.warmup_tokens,
+        DecodeSettings(max_draft_len=recipe.build.max_draft_len, tree=tree, temperature=0.0),
+    )
+    info = {
+        "loaded": True,
+        "backend": "reference",
+        "device": device,
+        "dtype": dtype,
+        "load_s": round(load_s, 3),
+        "warmup": {
+            "prompt": prompt if prompt is not None else f"token ids {prompt_ids} (no tokenizer)",
+            "new_tokens": len(result.token_ids),
+            "acceptance_length": result.acceptance_length,
+            "tokens_per_second": result.tokens_per_second,
+        },
+    }
+    if result.acceptance_length is not None and result.acceptance_length <= 1.0:
+        info["warnings"] = [
+            f"reference warm-up acceptance length {result.acceptance_length}: the head proposes nothing the target "
+            "accepts (an untrained head?)"
+        ]
+    return info
