@@ -86,6 +86,17 @@ def make_pair(root: Path, seed: int = 0) -> TinyPair:
     return TinyPair(target_dir, draft_dir, model.eval())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    """Tiny models are all per-op overhead: extra intra-op threads only contend (10x slower on 2 busy cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory) -> TinyPair:
     return make_pair(tmp_path_factory.mktemp("pair"))
