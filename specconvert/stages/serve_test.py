@@ -83,6 +83,7 @@ class Phase:
 class ServerRecord:
     phase: str
     url: str | None = None
+    pid: int | None = None  # also the process group id (the server leads its own session)
     command: list[str] | None = None
     log: str | None = None
     startup_s: float | None = None
@@ -243,6 +244,7 @@ class ServeRun:
             record.url, record.command, record.log = base_url, command, str(log_path)
             output.log(f"serve-test: starting {launch.name} on {base_url}: {' '.join(command)}")
             server = ServerProcess(command, base_url, log_path, env=launch.env, name=launch.name).start()
+            record.pid = server.pid
             try:
                 record.startup_s = round(server.wait_healthy(self.spec.startup_timeout_s), 3)
                 output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
