@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -81,7 +82,12 @@ def serve_test(
     from ..stages import serve_test as stage
 
     loaded = start(recipe, set_, json_out, quiet)
-    result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    try:
+        result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    except KeyboardInterrupt:
+        # Typer turns this into a silent exit 130; say what happened to the servers and the outputs.
+        print("serve-test interrupted: every server started was stopped; no outputs written", file=sys.stderr)
+        raise
     report = result.report
     if json_out:
         output.emit_json("serve-test", report)

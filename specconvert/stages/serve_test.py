@@ -284,7 +284,7 @@ class ServeRun:
         spec = self.spec
         async with OpenAIClient(base_url, request_timeout_s=spec.request_timeout_s) as client:
             for label, model in phase.labels:
-                model = model or await self._discover(client, label)
+                model = model or await self._discover(client, label, shared=len(phase.labels) > 1)
                 if isinstance(model, RequestFailed):
                     for prompt in self.prompts:
                         self.results[(label, prompt.id, False)] = Outcome(error=model.message, error_kind=model.kind)
@@ -325,23 +325,21 @@ class ServeRun:
         record.error = record.error or f"the endpoint stopped answering ({outcome.error})"
         return record.error
 
-    async def _discover(self, client: OpenAIClient, label: str) -> str | RequestFailed:
+    async def _discover(self, client: OpenAIClient, label: str, shared: bool) -> str | RequestFailed:
+        """The model id to ask for ``label``: on a shared endpoint ``X`` and ``X-baseline``, else its first model."""
         try:
             ids = await client.models()
         except RequestFailed as exc:
             return exc
         if not ids:
             return RequestFailed("malformed", "GET /v1/models lists no model")
-        if label == SPECULATIVE:
-            plain = [i for i in ids if not i.endswith("-baseline")]
-            return (plain or ids)[0]
         base = [i for i in ids if i.endswith("-baseline")]
+        if label == SPECULATIVE:
+            return ([i for i in ids if i not in base] or ids)[0]
+        if not shared:
+            return ids[0]
         if base:
             return base[0]
-        if SPECULATIVE in self.models and len(ids) == 1 and ids[0] != self.models[SPECULATIVE]:
-            return ids[0]
-        if SPECULATIVE not in self.models:
-            return ids[0]  # a baseline-only endpoint (--baseline-url)
         return RequestFailed("malformed", f"the endpoint serves no baseline model (models: {', '.join(ids)}); "
                              "pass --baseline-url of the same target served without speculation")
 
