@@ -24,9 +24,10 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import recipe_cmd  # noqa: E402  (registers commands)
+from . import generate_cmd, recipe_cmd  # noqa: E402  (registers commands)
 
 recipe_cmd.register(app)
+generate_cmd.register(app)
 
 
 @app.callback()
