@@ -27,6 +27,8 @@ def serve(
                                                       "`<id>-baseline` serves the target without speculation.",
                                                       show_default=False)] = None,
     drafter: DrafterOpt = "eagle",
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's "
+                                                   "choice; 1-2 on a shared CPU machine).", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve the bundle's reference EAGLE-3 decoder over an OpenAI-compatible HTTP API (reads <workdir>/engine/)."""
@@ -49,6 +51,10 @@ def serve(
 
     name = model_name or loaded.name
     output.log(f"serve: loading the reference decoder from {engine_dir}")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     with output.libraries_to_stderr():
         engine = load_engine(engine_dir, name, device=loaded.runtime.device, drafter=drafter)
     output.log(f"serve: http://{host}:{port}  models: {engine.model_name} (speculative, {drafter}), "

@@ -494,7 +494,7 @@ def evaluate(run: ServeRun) -> dict[str, Any]:
                                     message + (f"\nFix: {fix}" if fix else "")))
 
     for server in run.servers:
-        started = server.startup_s is not None and not (server.error and not server.died_mid_run and server.startup_s is None)
+        started = server.startup_s is not None
         message = (f"healthy after {server.startup_s} s at {server.url}" if started else (server.error or "did not start"))
         if server.log_tail and not started:
             message += "; last log lines: " + " | ".join(server.log_tail[-5:])
