@@ -233,6 +233,11 @@ class ServeRun:
                 if record.exit_code is None and record.died_mid_run:
                     record.exit_code = code
 
+    def skip_phase(self, phase: Phase, reason: str) -> None:
+        for label, _ in phase.labels:
+            for prompt in self.prompts:
+                self.results.setdefault((label, prompt.id, False), Outcome(error=reason, error_kind="skipped"))
+
     def _start(self, phase: Phase, record: ServerRecord) -> tuple[ServerProcess, str]:
         launch = phase.launch
         attempts = 1 if launch.port is not None else 2  # a picked port can be taken before the server binds it
@@ -503,12 +508,12 @@ def evaluate(run: ServeRun) -> dict[str, Any]:
             alive = not server.died_mid_run and not server.error
             check(f"server stayed up: {server.phase}", alive, None, None,
                   "answered every request" if alive else server.error
-                  + ("; last log lines: " + " | ".join(server.log_tail[-5:]) if server.log_tail else ""))
+                  + ("; last log lines: " + " | ".join(server.log_tail[-2:]) if server.log_tail else ""))
     check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
           n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
           f"{matches}/{n} prompts: speculative output equals the baseline's"
           + ("" if fraction >= spec.lossless.min_exact_match else
-             "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else "; ".join(r["errors"]))
+             "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
                                           for r in rows if not r["exact_match"]), "")))
     tau = overall["acceptance_length"]
     if tau is None:
@@ -567,8 +572,12 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
     started = time.time()
     with sigterm_unwinds(), stage_dir(final, STAGE, inputs) as stage:
         serve = ServeRun(recipe, prompts, stage.path)
-        for phase in phases:
+        for index, phase in enumerate(phases):
             serve.run_phase(phase)
+            if serve.servers[-1].startup_s is None:  # no point in waiting for the next server too
+                for later in phases[index + 1:]:
+                    serve.skip_phase(later, f"not run: {phase.name} did not start")
+                break
         evaluated = evaluate(serve)
         suites = evaluated.pop("junit")
         report = {
