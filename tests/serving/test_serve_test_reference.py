@@ -245,3 +245,42 @@ def test_stop_strings_streaming_and_bad_requests():
     assert metrics[0]["specconvert"]["acceptance_length"] == 3.0
     assert metrics[0]["perf_metrics"]["speculative_decoding"] == {
         "acceptance_rate": 2 / 3, "total_accepted_draft_tokens": 16, "total_draft_tokens": 24}
+
+
+class SlowScriptedDecoder(ScriptedDecoder):
+    """The scripted decoder at 0.1 s per step, and a record of how many steps it ran."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.steps = 0
+
+    def stream(self, prompt_ids, max_new_tokens, settings):
+        for step in super().stream(prompt_ids, max_new_tokens, settings):
+            time.sleep(0.1)
+            self.steps += 1
+            yield step
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_decoder():
+    import httpx
+
+    from specconvert.serving.engine import ReferenceEngine
+
+    decoder = SlowScriptedDecoder("abcdefghijklmnopqrstuvwx")  # 8 steps of 3 bytes
+    server, thread, url = _serve_in_thread(ReferenceEngine(decoder, "slow", 3))
+    try:
+        with httpx.Client(base_url=url, timeout=30, trust_env=False) as http:
+            with http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 64, "stream": True}) as r:
+                first = next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["text"] == "abc"
+            # The next request is served whole, after the abandoned one stopped early.
+            full = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 64}).json()
+            assert full["choices"][0]["text"] == "abcdefghijklmnopqrstuvwx"
+            metrics = http.get("/perf_metrics").json()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    aborted, served = metrics[0]["specconvert"], metrics[1]["specconvert"]
+    assert aborted["finish_reason"] == "abort" and aborted["completion_tokens"] < 24
+    assert served["finish_reason"] == "length" and served["completion_tokens"] == 24
+    assert decoder.steps < 16  # the abandoned request did not run to its end
