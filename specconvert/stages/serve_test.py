@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,15 +30,13 @@ from ..errors import EnvironmentMissing, InputError
 from ..manifest import manifest_hash, require_manifest, stage_dir
 from ..prompts import load_samples
 from ..serving import junit
-from ..serving.client import Completion, OpenAIClient, RequestFailed
-from ..serving.metrics import aggregate, request_stats
+from ..serving.client import OpenAIClient, RequestFailed
+from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
 
 STAGE = "serve-test"
 HOST = "127.0.0.1"
-SPECULATIVE, BASELINE = "speculative", "baseline"
-CONTINUATION_TOKENS = 8
-CONTINUATION_CHARS = 40
 
 
 def serve_test_dir(recipe: Any) -> Path:
@@ -177,16 +174,6 @@ def _local(port: int) -> str:
 
 
 # ---------------------------------------------------------------------- running
-
-
-@dataclass
-class Outcome:
-    """What one (label, prompt, streamed?) request gave."""
-
-    completion: Completion | None = None
-    error: str | None = None
-    error_kind: str | None = None
-    stats: dict[str, Any] | None = None
 
 
 class ServeRun:
@@ -390,163 +377,6 @@ class ServeRun:
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-").replace("--", "-")
-
-
-# ---------------------------------------------------------------------- comparing
-
-
-def first_divergence(spec: Completion, base: Completion) -> dict[str, Any] | None:
-    """Where two outputs first differ: token index (when both carry ids) and character index, with continuations."""
-    out: dict[str, Any] = {}
-    if spec.token_ids is not None and base.token_ids is not None:
-        if spec.token_ids == base.token_ids:
-            return None
-        i = next((k for k, (a, b) in enumerate(zip(spec.token_ids, base.token_ids)) if a != b),
-                 min(len(spec.token_ids), len(base.token_ids)))
-        out.update(token_index=i, speculative_tokens=spec.token_ids[i:i + CONTINUATION_TOKENS],
-                   baseline_tokens=base.token_ids[i:i + CONTINUATION_TOKENS])
-    elif spec.text == base.text:
-        return None
-    c = next((k for k, (a, b) in enumerate(zip(spec.text, base.text)) if a != b), min(len(spec.text), len(base.text)))
-    out.update(char_index=c, speculative_text=spec.text[c:c + CONTINUATION_CHARS],
-               baseline_text=base.text[c:c + CONTINUATION_CHARS])
-    return out
-
-
-def _same(a: Completion, b: Completion) -> bool:
-    if a.token_ids is not None and b.token_ids is not None:
-        return a.token_ids == b.token_ids and a.text == b.text
-    return a.text == b.text
-
-
-def _describe_divergence(div: dict[str, Any]) -> str:
-    if "token_index" in div:
-        return (f"first divergence at token {div['token_index']}: speculative {div['speculative_tokens']} "
-                f"{div.get('speculative_text', '')!r} vs baseline {div['baseline_tokens']} {div.get('baseline_text', '')!r}")
-    return f"first divergence at character {div['char_index']}: {div['speculative_text']!r} vs {div['baseline_text']!r}"
-
-
-def _latency(values: list[float]) -> dict[str, Any] | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return {"mean_s": round(statistics.fmean(values), 4), "p50_s": round(statistics.median(values), 4),
-            "max_s": round(ordered[-1], 4), "n": len(values)}
-
-
-def evaluate(run: ServeRun) -> dict[str, Any]:
-    """Per-prompt comparison, the checks, and the summary (report.json body)."""
-    spec = run.spec
-    rows, suites = [], [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
-    checks_suite, prompts_suite = suites
-    matches = stream_ok = stream_total = 0
-    stats = []
-    for prompt in run.prompts:
-        s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-        b = run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-        st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
-        errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
-                  if o is not None and o.error]
-        row: dict[str, Any] = {"id": prompt.id, "errors": errors, "exact_match": False, "first_divergence": None,
-                               "stream_matches": None, "acceptance_length": None, "per_position_acceptance": None,
-                               "latency_s": {}, "ttft_s": {}, "completion_tokens": {}}
-        for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative_stream", st)):
-            if o is not None and o.completion:
-                row["latency_s"][name] = round(o.completion.latency_s, 4)
-                row["ttft_s"][name] = None if o.completion.ttft_s is None else round(o.completion.ttft_s, 4)
-                row["completion_tokens"][name] = (len(o.completion.token_ids) if o.completion.token_ids is not None
-                                                  else o.completion.completion_tokens)
-        if s.completion and b.completion:
-            div = first_divergence(s.completion, b.completion)
-            row["exact_match"] = div is None
-            row["first_divergence"] = div
-            matches += div is None
-        if s.stats:
-            stats.append(s.stats)
-            row["acceptance_length"] = None if s.stats["acceptance_length"] is None else round(s.stats["acceptance_length"], 4)
-            single = aggregate([s.stats])
-            row["per_position_acceptance"] = single["per_position_acceptance"]
-        if st is not None:
-            stream_total += 1
-            if st.completion and s.completion:
-                row["stream_matches"] = _same(st.completion, s.completion)
-                stream_ok += row["stream_matches"]
-            else:
-                row["stream_matches"] = False
-        ok = row["exact_match"] and not errors and row["stream_matches"] is not False
-        problems = list(errors)
-        if row["first_divergence"]:
-            problems.insert(0, _describe_divergence(row["first_divergence"]))
-        if row["stream_matches"] is False and st is not None and st.completion and s.completion:
-            problems.append("the streamed output differs from the non-streamed one")
-        status = "passed" if ok else ("error" if errors and not row["first_divergence"] else "failed")
-        prompts_suite.add(junit.Case(f"prompt {prompt.id}", "serve-test.prompts",
-                                     sum(v for v in row["latency_s"].values() if v) or 0.0, status,
-                                     problems[0] if problems else "", "\n".join(problems)))
-        rows.append(row)
-
-    n = len(run.prompts)
-    fraction = matches / n if n else 0.0
-    overall = aggregate(stats)
-    checks = []
-
-    def check(name: str, passed: bool, value: Any, threshold: Any, message: str, fix: str | None = None,
-              error: bool = False) -> None:
-        checks.append({"name": name, "passed": passed, "value": value, "threshold": threshold, "message": message,
-                       **({"fix": fix} if fix else {})})
-        checks_suite.add(junit.Case(name, "serve-test.checks", 0.0,
-                                    "passed" if passed else ("error" if error else "failed"), message,
-                                    message + (f"\nFix: {fix}" if fix else "")))
-
-    for server in run.servers:
-        started = server.startup_s is not None
-        message = (f"healthy after {server.startup_s} s at {server.url}" if started else (server.error or "did not start"))
-        if server.log_tail and not started:
-            message += "; last log lines: " + " | ".join(server.log_tail[-5:])
-        check(f"server startup: {server.phase}", started, server.startup_s, spec.startup_timeout_s, message, error=not started)
-        if started:
-            alive = not server.died_mid_run and not server.error
-            check(f"server stayed up: {server.phase}", alive, None, None,
-                  "answered every request" if alive else server.error
-                  + ("; last log lines: " + " | ".join(server.log_tail[-2:]) if server.log_tail else ""))
-    check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
-          n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
-          f"{matches}/{n} prompts: speculative output equals the baseline's"
-          + ("" if fraction >= spec.lossless.min_exact_match else
-             "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
-                                          for r in rows if not r["exact_match"]), "")))
-    tau = overall["acceptance_length"]
-    if tau is None:
-        fix = ("serve the bundle with `return_perf_metrics: true` (build.extra_llm_api_options) so /perf_metrics reports "
-               "speculative_decoding" if run.metrics_available.get(SPECULATIVE) is not False else
-               "the server has no /perf_metrics route; use the reference server or trtllm-serve")
-        check(f"acceptance length >= {spec.min_acceptance_length:g}", False, None, spec.min_acceptance_length,
-              "the server reported no speculative statistics for any request", fix)
-    else:
-        check(f"acceptance length >= {spec.min_acceptance_length:g}", tau >= spec.min_acceptance_length, tau,
-              spec.min_acceptance_length,
-              f"tau {tau:g} over {overall['requests']} requests"
-              + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
-              + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
-    if spec.stream:
-        check("streaming equals non-streaming", stream_total > 0 and stream_ok == stream_total, stream_ok, stream_total,
-              f"{stream_ok}/{stream_total} streamed speculative outputs equal the non-streamed ones")
-
-    spec_lat = [r["latency_s"][SPECULATIVE] for r in rows if SPECULATIVE in r["latency_s"]]
-    base_lat = [r["latency_s"][BASELINE] for r in rows if BASELINE in r["latency_s"]]
-    startup_failed = any(c["name"].startswith("server startup") and not c["passed"] for c in checks)
-    status = "error" if startup_failed else ("passed" if all(c["passed"] for c in checks) else "failed")
-    summary = {
-        "prompts": n,
-        "exact_match": matches,
-        "exact_match_fraction": round(fraction, 4),
-        **{k: overall[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance")},
-        "acceptance_estimated": overall["estimated"],
-        "latency": {SPECULATIVE: _latency(spec_lat), BASELINE: _latency(base_lat)},
-        "latency_ratio": (round(statistics.fmean(base_lat) / statistics.fmean(spec_lat), 3)
-                          if spec_lat and base_lat and statistics.fmean(spec_lat) > 0 else None),
-    }
-    return {"status": status, "summary": summary, "checks": checks, "prompts": rows, "junit": suites}
 
 
 # ---------------------------------------------------------------------- the stage

@@ -53,7 +53,7 @@ def test_trtllm_perf_metrics_give_an_estimated_tau():
 
 def test_first_divergence_by_token_and_by_character():
     from specconvert.serving.client import Completion
-    from specconvert.stages.serve_test import first_divergence
+    from specconvert.serving.verdict import first_divergence
 
     def done(text, ids):
         return Completion(text, ids, "length", None, None, 0.1, 0.1, False)
