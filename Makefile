@@ -26,6 +26,7 @@ env: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
 	$(VENV)/bin/specconvert convert $(RECIPE)
+	$(VENV)/bin/specconvert build $(RECIPE)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q

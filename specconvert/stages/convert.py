@@ -62,9 +62,10 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
     info = layouts.TargetInfo.from_config(config)
     dtype = recipe.target.dtype if recipe.target.dtype != "auto" else _checkpoint_dtype(config)
     if recipe.quantize.format != "none":
-        from ..backends.modelopt.quantize import check_environment
+        from ..backends.modelopt.quantize import check_environment, check_shapes
 
         check_environment(recipe.quantize.format, _device(recipe))
+        check_shapes(recipe.quantize.format, config)
 
     warnings: list[str] = []
     head = head_source = head_layout = None

@@ -190,3 +190,23 @@ def test_nvfp4_without_cuda_is_an_environment_error(cli, tmp_path, target):
     assert result.code == 3
     assert "CUDA" in result.stderr and "fp8" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_int4_awq_refuses_unpackable_shapes_before_calibrating(cli, tmp_path, target):
+    # hidden 64 is not a multiple of AWQ's 128-feature blocks: the export would fail after calibration.
+    result = cli("convert", recipe_for(tmp_path, target, "  init: random", "quantize:\n  format: int4_awq\n"))
+    assert result.code == 2
+    assert "blocks of 128" in result.stderr and "hidden_size 64" in result.stderr and "fp8" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_int4_awq_calibrates_on_cpu_and_exports(cli, tmp_path):
+    target = write_tiny_target(tmp_path / "target128", hidden_size=128, intermediate_size=256, head_dim=32)
+    extra = "quantize:\n  format: int4_awq\n  calib_samples: 2\n  calib_seq_len: 16\n"
+    result = cli("convert", recipe_for(tmp_path, target, "  init: random", extra), "--json")
+    assert result.code == 0, result.stderr
+    manifest = result.json()["manifest"]
+    quant = json.loads((Path(manifest["artifacts"]["target_dir"]) / "hf_quant_config.json").read_text())
+    assert quant["quantization"]["quant_algo"] == "W4A16_AWQ"
+    assert manifest["quantization"]["format"] == "int4_awq"

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..._imports import require
-from ...errors import EnvironmentMissing, ExternalFailure
+from ...errors import EnvironmentMissing, ExternalFailure, InputError
 
 # recipe format -> Model Optimizer config name
 QUANT_CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "int4_awq": "INT4_AWQ_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 NEEDS_CUDA = {"nvfp4"}
+# INT4_AWQ_CFG quantizes weights in blocks of 128 input features; the HF export cannot pack
+# partial blocks ("Cannot pack weight with input dimension 576 and block size 128").
+AWQ_BLOCK_SIZE = 128
 
 
 def check_environment(fmt: str, device: str) -> None:
@@ -25,6 +28,26 @@ def check_environment(fmt: str, device: str) -> None:
         raise EnvironmentMissing(
             f"quantize.format: {fmt} calibrates only on a CUDA GPU and none is available here",
             fix="run convert on a GPU machine, or use quantize.format: fp8 (calibrates on CPU)",
+        )
+
+
+def check_shapes(fmt: str, target_config: dict[str, Any]) -> None:
+    """Refuse shapes the export cannot pack, before minutes of calibration are spent."""
+    if fmt != "int4_awq":
+        return
+    cfg = target_config.get("text_config") or target_config
+    heads = cfg.get("num_attention_heads") or 1
+    dims = {
+        "hidden_size": cfg.get("hidden_size"),
+        "intermediate_size": cfg.get("intermediate_size"),
+        "num_attention_heads x head_dim": heads * (cfg.get("head_dim") or (cfg.get("hidden_size") or 0) // heads),
+    }
+    bad = {name: dim for name, dim in dims.items() if dim and dim % AWQ_BLOCK_SIZE}
+    if bad:
+        listed = ", ".join(f"{name} {dim}" for name, dim in bad.items())
+        raise InputError(
+            f"quantize.format: int4_awq packs weights in blocks of {AWQ_BLOCK_SIZE} input features; this target has {listed}",
+            fix="use quantize.format: fp8 for this target",
         )
 
 
