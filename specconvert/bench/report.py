@@ -187,7 +187,8 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
     ax.set_xlabel("concurrency")
     ax.set_ylabel("speedup (×), median and min–max over pairs")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if plotted or gate:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     written["speedup"] = _save(fig, out_dir / "speedup_vs_concurrency.png", plt)
 
