@@ -245,6 +245,43 @@ class RuntimeSpec(_Strict):
         return str(value) if isinstance(value, (int, float)) else value
 
 
+class LosslessSpec(_Strict):
+    """How serve-test compares speculative output with the baseline's."""
+
+    mode: Literal["greedy"] = Field(
+        "greedy",
+        description="`greedy`: both runs at temperature 0, so a lossless speculative decoder must reproduce the "
+        "baseline token for token.",
+    )
+    min_exact_match: float = Field(
+        1.0, ge=0, le=1, description="Fraction of prompts whose speculative output must equal the baseline's exactly."
+    )
+
+
+class ServeTestSpec(_Strict):
+    """`specconvert serve-test`: start the server, compare speculative against baseline output, check acceptance."""
+
+    prompts: str = Field(
+        "builtin:smoke",
+        description="`builtin:NAME` or a JSONL file (one object per line with `messages` for chat, or `prompt`/`text` "
+        "for plain completions).",
+    )
+    max_tokens: int = Field(64, ge=1, le=8192, description="Tokens generated per prompt (the request's `max_tokens`).")
+    lossless: LosslessSpec = Field(default_factory=LosslessSpec, description="The lossless (exact-match) check.")
+    min_acceptance_length: float = Field(
+        1.5,
+        ge=1,
+        description="Lowest acceptable mean acceptance length tau (tokens per target forward, over all prompts).",
+    )
+    startup_timeout_s: float = Field(
+        600, gt=0, description="Seconds the server may take to answer `GET /health` before serve-test gives up."
+    )
+    request_timeout_s: float = Field(120, gt=0, description="Seconds one request may take before it counts as hung.")
+    stream: bool = Field(
+        True, description="Also send each speculative request with `stream: true` and check it equals the non-streamed one."
+    )
+
+
 class Recipe(_Strict):
     """A specconvert recipe."""
 
@@ -256,6 +293,9 @@ class Recipe(_Strict):
     quantize: QuantizeSpec = Field(default_factory=QuantizeSpec, description="Optional target quantization (used by convert).")
     build: BuildSpec = Field(default_factory=BuildSpec, description="Deployment settings (build; the reference decoder reads the draft shape).")
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="Which runtime serves the bundle, on which device.")
+    serve_test: ServeTestSpec = Field(
+        default_factory=ServeTestSpec, description="Checks `specconvert serve-test` runs against the served bundle."
+    )
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Load test of the served bundle (`specconvert bench`).")
 
     # Not part of the schema: where the recipe was read from (for relative paths).

@@ -28,12 +28,13 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import bench_cmd, build_cmd, convert_cmd, inspect_cmd, recipe_cmd  # noqa: E402  (registers commands)
+from . import bench_cmd, build_cmd, convert_cmd, inspect_cmd, recipe_cmd, serve_cmd  # noqa: E402  (registers commands)
 
 recipe_cmd.register(app)
 convert_cmd.register(app)
 inspect_cmd.register(app)
 build_cmd.register(app)
+serve_cmd.register(app)
 bench_cmd.register(app)
 
 

@@ -1,0 +1,134 @@
+"""`specconvert serve` (the reference OpenAI-compatible server) and `specconvert serve-test`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless you mean to expose it).")]
+PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port (serve: default runtime.port; serve-test: a free one).",
+                                                 show_default=False)]
+DrafterOpt = Annotated[str, typer.Option(
+    "--drafter", help="`eagle`: the bundle's head. `oracle`: the target's own greedy continuation as the draft "
+    "(a plumbing check: maximum acceptance). Reference server only.")]
+
+
+def serve(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = None,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Served model id (default: the recipe name); "
+                                                      "`<id>-baseline` serves the target without speculation.",
+                                                      show_default=False)] = None,
+    drafter: DrafterOpt = "eagle",
+    quiet: QuietOpt = False,
+) -> None:
+    """Serve the bundle's reference EAGLE-3 decoder over an OpenAI-compatible HTTP API (reads <workdir>/engine/)."""
+    from .. import output
+    from ..errors import InputError
+    from ..serving.engine import load_engine, reference_settings
+    from ..serving.process import port_in_use
+
+    loaded = start(recipe, set_, quiet=quiet)
+    if drafter not in ("eagle", "oracle"):
+        raise InputError(f"--drafter {drafter}: unknown", fix="use eagle or oracle")
+    engine_dir = loaded.workdir_path / "engine"
+    reference_settings(engine_dir)  # InputError "run build first" before anything slow
+    port = port if port is not None else loaded.runtime.port
+    if port_in_use(host, port):
+        raise InputError(f"port {port} on {host} is already in use", fix="pass --port with a free port, or stop the other server")
+    if loaded.runtime.backend == "trtllm":
+        output.warn(f"runtime.backend is trtllm: this serves the reference decoder; TensorRT-LLM: {engine_dir}/trtllm/serve.sh")
+    from ..serving.app import create_app, serve as run_server
+
+    name = model_name or loaded.name
+    output.log(f"serve: loading the reference decoder from {engine_dir}")
+    with output.libraries_to_stderr():
+        engine = load_engine(engine_dir, name, device=loaded.runtime.device, drafter=drafter)
+    output.log(f"serve: http://{host}:{port}  models: {engine.model_name} (speculative, {drafter}), "
+               f"{engine.baseline_name} (no speculation); device {engine.description.get('device')}")
+    try:
+        run_server(create_app(engine, max_model_len=loaded.build.max_seq_len), host, port)
+    finally:
+        engine.close()
+
+
+def serve_test(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Test an already running endpoint instead of starting one.",
+                                               show_default=False)] = None,
+    baseline_url: Annotated[Optional[str], typer.Option("--baseline-url", help="The same target served without "
+                                                        "speculation (with --url, when the endpoint has no "
+                                                        "`<model>-baseline`).", show_default=False)] = None,
+    port: PortOpt = None,
+    drafter: DrafterOpt = "eagle",
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Start the recipe's server, compare speculative with baseline output, check acceptance; stop every child.
+
+    Writes <workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl}. Exit 0 pass, 1 a check failed,
+    2 bad recipe, 3 environment missing, 4 the server did not start.
+    """
+    from .. import output
+    from ..errors import CheckFailed, ExternalFailure
+    from ..stages import serve_test as stage
+
+    loaded = start(recipe, set_, json_out, quiet)
+    result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    report = result.report
+    if json_out:
+        output.emit_json("serve-test", report)
+    else:
+        _print_summary(report)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    if report["status"] == "error":
+        first = failed[0]
+        raise ExternalFailure(f"serve-test: {first['name']}: {first['message']}",
+                              fix=f"see {result.out_dir / 'report.json'} and the server log there")
+    if failed:
+        raise CheckFailed(f"serve-test: {len(failed)} check{'s' if len(failed) > 1 else ''} failed: "
+                          + "; ".join(f"{c['name']} ({c['message']})" for c in failed[:3]),
+                          fix=failed[0].get("fix") or f"see {result.out_dir / 'report.json'}")
+
+
+def _print_summary(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    table = Table(title=f"specconvert serve-test: {report['status']}", title_justify="left")
+    for column in ("prompt", "exact", "first divergence", "tau", "latency spec / base (s)", "stream"):
+        table.add_column(column)
+    for row in report["prompts"]:
+        div = row["first_divergence"]
+        where = "" if not div else (f"token {div['token_index']}" if "token_index" in div else f"char {div['char_index']}")
+        if row["errors"]:
+            where = (where + "; " if where else "") + row["errors"][0][:80]
+        lat = row["latency_s"]
+        table.add_row(row["id"], "✓" if row["exact_match"] else "✗", where,
+                      "-" if row["acceptance_length"] is None else f"{row['acceptance_length']:.2f}",
+                      f"{lat.get('speculative', '-')} / {lat.get('baseline', '-')}",
+                      {True: "✓", False: "✗", None: "-"}[row["stream_matches"]])
+    console.print(table)
+    checks = Table(show_header=False, title="checks", title_justify="left")
+    checks.add_column("")
+    checks.add_column("check")
+    checks.add_column("detail")
+    for c in report["checks"]:
+        checks.add_row("✓" if c["passed"] else "✗", c["name"], c["message"])
+    console.print(checks)
+    s = report["summary"]
+    console.print(f"exact match {s['exact_match']}/{s['prompts']}, tau {s['acceptance_length']}, "
+                  f"per position {s['per_position_acceptance']}, report {report['files']['report.json']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("serve-test")(serve_test)

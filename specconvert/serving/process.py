@@ -1,0 +1,210 @@
+"""A server as a child process: own process group, health wait with a deadline, reaping.
+
+``ServerProcess`` starts a command in a new session (so its whole process tree is
+one group that a terminal's Ctrl-C does not reach), logs its output to a file,
+waits for ``GET /health`` while watching that the process is still alive, and on
+exit — normal, exception, timeout or KeyboardInterrupt — sends SIGTERM to the group,
+then SIGKILL after a grace period, until no process of the group is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+LOG_TAIL_LINES = 20
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become healthy: it exited, or the deadline passed. ``log_tail`` holds its last lines."""
+
+    def __init__(self, message: str, log_tail: list[str] | None = None, returncode: int | None = None):
+        super().__init__(message)
+        self.log_tail = list(log_tail or [])
+        self.returncode = returncode
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when ``host:port`` cannot be bound (another process holds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of group ``pgid``, read from /proc (Linux)."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live process of group ``pgid`` is left (zombies awaiting their parent do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if Path("/proc").is_dir():
+        return bool(group_members(pgid))
+    return True
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+class ServerProcess:
+    """Run ``command`` as a server; use as a context manager, or call :meth:`start` / :meth:`stop`."""
+
+    def __init__(self, command: Sequence[str], base_url: str, log_path: Path, env: dict[str, str] | None = None,
+                 health_path: str = "/health", grace_s: float = 10.0, name: str = "server"):
+        self.command = [str(c) for c in command]
+        self.base_url = base_url.rstrip("/")
+        self.log_path = Path(log_path)
+        self.env = env
+        self.health_path = health_path
+        self.grace_s = grace_s
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab", buffering=0)
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)
+        finally:
+            log.close()  # the child holds its own descriptor
+        self.pgid = self.proc.pid  # a new session's leader: its pid is the group id
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return tail(self.log_path, lines)
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.25) -> float:
+        """Block until ``GET /health`` answers 200; return the seconds it took. Raises :class:`ServerStartError`."""
+        import httpx
+
+        started = time.monotonic()
+        deadline = started + timeout_s
+        with httpx.Client(timeout=httpx.Timeout(min(5.0, max(timeout_s, 0.1)))) as client:
+            while True:
+                if self.proc is None:
+                    raise ServerStartError(f"{self.name} was never started")
+                code = self.proc.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"{self.name} exited with code {code} during startup", self.log_tail(), returncode=code)
+                try:
+                    response = client.get(self.base_url + self.health_path)
+                    if response.status_code == 200:
+                        return time.monotonic() - started
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise ServerStartError(
+                        f"{self.name} did not answer GET {self.health_path} within {timeout_s:g} s", self.log_tail())
+                time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def stop(self) -> int | None:
+        """SIGTERM the group, SIGKILL what is left after the grace period; reap. Returns the leader's exit code."""
+        if self.proc is None:
+            return None
+        pgid = self.pgid
+        if self.proc.poll() is None or (pgid is not None and group_alive(pgid)):
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if pgid is None or not group_alive(pgid):
+                    break
+                time.sleep(0.05)
+            else:
+                _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=max(self.grace_s, 5.0))
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+            self.proc.kill()
+            self.proc.wait()
+        # Children of the leader are reparented to init, which reaps them; wait until they are gone.
+        deadline = time.monotonic() + 5.0
+        while pgid is not None and group_alive(pgid) and time.monotonic() < deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            time.sleep(0.05)
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (so children are reaped)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,606 @@
+"""The `serve-test` stage: serve the bundle, prove speculation is lossless, check acceptance.
+
+Plan, then run: pick the servers (the reference server, which serves the
+speculative model and ``<name>-baseline`` in one process; or ``trtllm-serve`` twice,
+with the bundle's ``llm_api_options.yaml`` and then its ``baseline.yaml``, one at a
+time so both never hold GPU memory together; or ``--url`` for a running endpoint),
+start each on a free loopback port in its own process group, wait for health with
+a deadline, send every prompt greedily (speculative, speculative streamed,
+baseline), read ``/perf_metrics`` after each request, stop the server. Every
+request and the startup are bounded in time; every child is reaped, also on
+failure and Ctrl-C/SIGTERM.
+
+Writes ``<workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl,
+server-*.log, manifest.json}`` atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import output
+from ..errors import EnvironmentMissing, InputError
+from ..manifest import manifest_hash, require_manifest, stage_dir
+from ..prompts import load_samples
+from ..serving import junit
+from ..serving.client import Completion, OpenAIClient, RequestFailed
+from ..serving.metrics import aggregate, request_stats
+from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+
+STAGE = "serve-test"
+HOST = "127.0.0.1"
+SPECULATIVE, BASELINE = "speculative", "baseline"
+CONTINUATION_TOKENS = 8
+CONTINUATION_CHARS = 40
+
+
+def serve_test_dir(recipe: Any) -> Path:
+    return recipe.workdir_path / "serve-test"
+
+
+# ---------------------------------------------------------------------- planning
+
+
+@dataclass
+class Prompt:
+    id: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "messages": self.messages} if self.messages is not None else {"id": self.id, "prompt": self.prompt}
+
+
+@dataclass
+class Launch:
+    """How to start one server (None in a phase = an endpoint already running)."""
+
+    command_for_port: Any  # callable port -> list[str]
+    name: str
+    env: dict[str, str] | None = None
+    port: int | None = None  # fixed by the user; else a free one is picked
+
+
+@dataclass
+class Phase:
+    """One server and the models to query on it, in order."""
+
+    name: str
+    url_for_port: Any  # callable port -> base url (or a fixed url)
+    labels: list[tuple[str, str | None]]  # (speculative|baseline, model id or None = discover)
+    launch: Launch | None = None
+
+
+@dataclass
+class ServerRecord:
+    phase: str
+    url: str | None = None
+    pid: int | None = None  # also the process group id (the server leads its own session)
+    command: list[str] | None = None
+    log: str | None = None
+    startup_s: float | None = None
+    error: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    died_mid_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def load_prompts(recipe: Any) -> list[Prompt]:
+    samples = load_samples(recipe.serve_test.prompts, "serve_test.prompts", recipe.base_dir)
+    prompts = []
+    for index, sample in enumerate(samples):
+        pid = str(sample.get("id", index))
+        if "messages" in sample:
+            messages = sample["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
+                raise InputError(f"serve_test.prompts: sample {pid}: messages must be a list of {{role, content}}",
+                                 fix='e.g. {"messages": [{"role": "user", "content": "Hi"}]}')
+            prompts.append(Prompt(pid, messages=messages))
+        else:
+            prompts.append(Prompt(pid, prompt=str(sample.get("prompt", sample.get("text")))))
+    return prompts
+
+
+def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, baseline_url: str | None,
+         port: int | None, drafter: str) -> tuple[list[Phase], dict[str, Any]]:
+    """The servers to run and the models to ask, before anything starts. Raises InputError/EnvironmentMissing."""
+    if port is not None and port_in_use(HOST, port):
+        raise InputError(f"port {port} on {HOST} is already in use", fix="pass another --port, or omit it to pick a free one")
+    if url:
+        phases = [Phase("endpoint", _fixed(url), [(SPECULATIVE, None)] + ([] if baseline_url else [(BASELINE, None)]))]
+        if baseline_url:
+            phases.append(Phase("baseline endpoint", _fixed(baseline_url), [(BASELINE, None)]))
+        return phases, {"backend": "url", "url": url, "baseline_url": baseline_url, "max_draft_len": recipe.build.max_draft_len}
+
+    engine = recipe.workdir_path / "engine"
+    manifest = require_manifest(engine, "build", "build")
+    info = {"backend": recipe.runtime.backend, "engine_manifest": manifest_hash(manifest),
+            "max_draft_len": recipe.build.max_draft_len}
+    if recipe.runtime.backend == "reference":
+        name = recipe.name
+        command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
+                   "--model-name", name, "--drafter", drafter]
+        for item in overrides:
+            command += ["--set", item]
+        launch = Launch(lambda p: command + ["--port", str(p)], "reference server", port=port)
+        return [Phase("reference server", _local, [(SPECULATIVE, name), (BASELINE, f"{name}-baseline")], launch)], info
+
+    exe = shutil.which("trtllm-serve")
+    if exe is None:
+        raise EnvironmentMissing(
+            "`trtllm-serve` is not on PATH (runtime.backend: trtllm)",
+            fix="run serve-test where TensorRT-LLM is installed (e.g. NVIDIA's TensorRT-LLM container), "
+            "pass --url of a running trtllm-serve (with --baseline-url), or set runtime.backend: reference",
+        )
+    artifacts = manifest.get("artifacts") or {}
+    missing = [k for k in ("target_dir", "trtllm_options", "trtllm_baseline") if not artifacts.get(k)]
+    if missing:
+        raise InputError(f"{engine / 'manifest.json'} lacks artifacts {', '.join(missing)}",
+                         fix="run `specconvert build RECIPE --force`")
+    build = recipe.build
+    info.update(trtllm_serve=exe, options=artifacts["trtllm_options"], baseline_options=artifacts["trtllm_baseline"])
+
+    def trtllm(options: str):
+        def command(p: int) -> list[str]:
+            cmd = [exe, str(artifacts["target_dir"]), "--backend", "pytorch", "--host", HOST, "--port", str(p),
+                   "--tp_size", str(build.tensor_parallel_size)]
+            if build.moe_expert_parallel_size > 1:
+                cmd += ["--ep_size", str(build.moe_expert_parallel_size)]
+            return cmd + ["--extra_llm_api_options", str(options)]
+        return command
+
+    return [
+        Phase("trtllm-serve (speculative)", _local, [(SPECULATIVE, None)],
+              Launch(trtllm(artifacts["trtllm_options"]), "trtllm-serve (speculative)", port=port)),
+        Phase("trtllm-serve (baseline)", _local, [(BASELINE, None)],
+              Launch(trtllm(artifacts["trtllm_baseline"]), "trtllm-serve (baseline)", port=port)),
+    ], info
+
+
+def _fixed(url: str):
+    return lambda _port: url.rstrip("/")
+
+
+def _local(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+# ---------------------------------------------------------------------- running
+
+
+@dataclass
+class Outcome:
+    """What one (label, prompt, streamed?) request gave."""
+
+    completion: Completion | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    stats: dict[str, Any] | None = None
+
+
+class ServeRun:
+    def __init__(self, recipe: Any, prompts: list[Prompt], out_dir: Path):
+        self.recipe = recipe
+        self.spec = recipe.serve_test
+        self.prompts = prompts
+        self.out_dir = out_dir
+        self.results: dict[tuple[str, str, bool], Outcome] = {}
+        self.models: dict[str, str] = {}
+        self.servers: list[ServerRecord] = []
+        self.transcripts: list[dict[str, Any]] = []
+        self.metrics_available: dict[str, bool] = {}
+
+    # -------------------------------------------------------------- one phase
+
+    def run_phase(self, phase: Phase) -> None:
+        record = ServerRecord(phase.name)
+        self.servers.append(record)
+        server = None
+        try:
+            if phase.launch is not None:
+                server, base_url = self._start(phase, record)
+            else:
+                base_url = phase.url_for_port(None)
+                record.url = base_url
+                started = time.monotonic()
+                self._wait_endpoint(base_url)
+                record.startup_s = round(time.monotonic() - started, 3)
+            asyncio.run(self._requests(phase, base_url, server, record))
+        except ServerStartError as exc:
+            record.error = str(exc)
+            record.log_tail = exc.log_tail
+            record.exit_code = exc.returncode
+            output.check(False, f"{phase.name}: {exc}")
+            for line in exc.log_tail[-8:]:
+                output.log(f"      | {line}")
+            for label, _ in phase.labels:
+                for prompt in self.prompts:
+                    self.results.setdefault((label, prompt.id, False), Outcome(error=f"not run: {exc}", error_kind="startup"))
+        finally:
+            if server is not None:
+                code = server.stop()
+                if record.exit_code is None and record.died_mid_run:
+                    record.exit_code = code
+
+    def _start(self, phase: Phase, record: ServerRecord) -> tuple[ServerProcess, str]:
+        launch = phase.launch
+        attempts = 1 if launch.port is not None else 2  # a picked port can be taken before the server binds it
+        for attempt in range(attempts):
+            port = launch.port or free_port(HOST)
+            base_url = phase.url_for_port(port)
+            log_path = self.out_dir / f"server-{_slug(phase.name)}.log"
+            command = launch.command_for_port(port)
+            record.url, record.command, record.log = base_url, command, str(log_path)
+            output.log(f"serve-test: starting {launch.name} on {base_url}: {' '.join(command)}")
+            server = ServerProcess(command, base_url, log_path, env=launch.env, name=launch.name).start()
+            record.pid = server.pid
+            try:
+                record.startup_s = round(server.wait_healthy(self.spec.startup_timeout_s), 3)
+                output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
+                return server, base_url
+            except ServerStartError as exc:
+                server.stop()
+                taken = any("address already in use" in line.lower() or "errno 98" in line.lower() for line in exc.log_tail)
+                if taken and attempt + 1 < attempts:
+                    output.log(f"serve-test: port {port} was taken meanwhile; retrying on another port")
+                    continue
+                if taken:
+                    raise ServerStartError(f"{exc} (port {port} is in use)", exc.log_tail, exc.returncode) from None
+                raise
+            except BaseException:
+                server.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _wait_endpoint(self, base_url: str) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        last = "no answer"
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                try:
+                    response = client.get(base_url + "/health")
+                    if response.status_code == 200:
+                        return
+                    last = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+                time.sleep(0.5)
+        raise ServerStartError(f"{base_url}/health did not answer 200 within {self.spec.startup_timeout_s:g} s ({last})")
+
+    async def _requests(self, phase: Phase, base_url: str, server: ServerProcess | None, record: ServerRecord) -> None:
+        spec = self.spec
+        async with OpenAIClient(base_url, request_timeout_s=spec.request_timeout_s) as client:
+            for label, model in phase.labels:
+                model = model or await self._discover(client, label)
+                if isinstance(model, RequestFailed):
+                    for prompt in self.prompts:
+                        self.results[(label, prompt.id, False)] = Outcome(error=model.message, error_kind=model.kind)
+                    continue
+                self.models[label] = model
+                await self._drain(client, label)  # metrics of earlier requests (health probes, other clients)
+                stopped: str | None = None
+                for prompt in self.prompts:
+                    modes = [False, True] if (label == SPECULATIVE and spec.stream) else [False]
+                    for stream in modes:
+                        key = (label, prompt.id, stream)
+                        if stopped:
+                            self.results[key] = Outcome(error=f"not run: {stopped}", error_kind="skipped")
+                            continue
+                        outcome = await self._one(client, label, model, prompt, stream)
+                        self.results[key] = outcome
+                        if outcome.error_kind in ("connect", "incomplete", "timeout"):
+                            stopped = self._stop_reason(outcome, server, record)
+
+    def _stop_reason(self, outcome: Outcome, server: ServerProcess | None, record: ServerRecord) -> str:
+        """After a transport failure: did the server die, or hang? Either way, the phase stops here."""
+        if server is not None:
+            deadline = time.monotonic() + 2.0
+            while server.alive() and time.monotonic() < deadline and outcome.error_kind != "timeout":
+                time.sleep(0.1)
+            if not server.alive():
+                record.died_mid_run = True
+                record.exit_code = server.proc.returncode
+                record.log_tail = server.log_tail()
+                record.error = f"the server exited with code {record.exit_code} during the run"
+                output.check(False, f"{record.phase}: {record.error}")
+                for line in record.log_tail[-8:]:
+                    output.log(f"      | {line}")
+                return record.error
+        if outcome.error_kind == "timeout":
+            record.error = f"a request hung (no answer within {self.spec.request_timeout_s:g} s); later requests not sent"
+            return record.error
+        record.error = record.error or f"the endpoint stopped answering ({outcome.error})"
+        return record.error
+
+    async def _discover(self, client: OpenAIClient, label: str) -> str | RequestFailed:
+        try:
+            ids = await client.models()
+        except RequestFailed as exc:
+            return exc
+        if not ids:
+            return RequestFailed("malformed", "GET /v1/models lists no model")
+        if label == SPECULATIVE:
+            plain = [i for i in ids if not i.endswith("-baseline")]
+            return (plain or ids)[0]
+        base = [i for i in ids if i.endswith("-baseline")]
+        if base:
+            return base[0]
+        if SPECULATIVE in self.models and len(ids) == 1 and ids[0] != self.models[SPECULATIVE]:
+            return ids[0]
+        if SPECULATIVE not in self.models:
+            return ids[0]  # a baseline-only endpoint (--baseline-url)
+        return RequestFailed("malformed", f"the endpoint serves no baseline model (models: {', '.join(ids)}); "
+                             "pass --baseline-url of the same target served without speculation")
+
+    async def _one(self, client: OpenAIClient, label: str, model: str, prompt: Prompt, stream: bool) -> Outcome:
+        spec = self.spec
+        params = dict(max_tokens=spec.max_tokens, temperature=0.0, seed=0, stream=stream)
+        outcome = Outcome()
+        try:
+            if prompt.messages is not None:
+                outcome.completion = await client.chat(model, prompt.messages, **params)
+            else:
+                outcome.completion = await client.complete(model, prompt.prompt, **params)
+        except RequestFailed as exc:
+            outcome.error, outcome.error_kind = exc.message, exc.kind
+        if outcome.error_kind not in ("connect", "incomplete", "timeout"):
+            entries = await self._drain(client, label)
+            if label == SPECULATIVE and not stream and entries:
+                outcome.stats = request_stats(entries[-1], self.recipe.build.max_draft_len)
+        completion = outcome.completion
+        mark = "✓" if completion else "✗"
+        output.log(f"  {mark} {label}{' (stream)' if stream else ''} {prompt.id}: "
+                   + (f"{completion.latency_s:.2f} s, {len(completion.token_ids or []) or completion.completion_tokens} tokens"
+                      if completion else outcome.error))
+        self.transcripts.append({
+            "prompt_id": prompt.id, "label": label, "model": model, "stream": stream,
+            "request": {**prompt.as_dict(), "max_tokens": spec.max_tokens, "temperature": 0.0, "seed": 0},
+            "response": completion.as_dict(with_chunks=stream) if completion else None,
+            "error": outcome.error, "error_kind": outcome.error_kind, "speculative_stats": outcome.stats,
+        })
+        return outcome
+
+    async def _drain(self, client: OpenAIClient, label: str) -> list[dict[str, Any]]:
+        try:
+            entries = await client.perf_metrics()
+        except RequestFailed:
+            entries = None
+        if entries is None:
+            self.metrics_available.setdefault(label, False)
+            return []
+        self.metrics_available[label] = True
+        return entries
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-").replace("--", "-")
+
+
+# ---------------------------------------------------------------------- comparing
+
+
+def first_divergence(spec: Completion, base: Completion) -> dict[str, Any] | None:
+    """Where two outputs first differ: token index (when both carry ids) and character index, with continuations."""
+    out: dict[str, Any] = {}
+    if spec.token_ids is not None and base.token_ids is not None:
+        if spec.token_ids == base.token_ids:
+            return None
+        i = next((k for k, (a, b) in enumerate(zip(spec.token_ids, base.token_ids)) if a != b),
+                 min(len(spec.token_ids), len(base.token_ids)))
+        out.update(token_index=i, speculative_tokens=spec.token_ids[i:i + CONTINUATION_TOKENS],
+                   baseline_tokens=base.token_ids[i:i + CONTINUATION_TOKENS])
+    elif spec.text == base.text:
+        return None
+    c = next((k for k, (a, b) in enumerate(zip(spec.text, base.text)) if a != b), min(len(spec.text), len(base.text)))
+    out.update(char_index=c, speculative_text=spec.text[c:c + CONTINUATION_CHARS],
+               baseline_text=base.text[c:c + CONTINUATION_CHARS])
+    return out
+
+
+def _same(a: Completion, b: Completion) -> bool:
+    if a.token_ids is not None and b.token_ids is not None:
+        return a.token_ids == b.token_ids and a.text == b.text
+    return a.text == b.text
+
+
+def _describe_divergence(div: dict[str, Any]) -> str:
+    if "token_index" in div:
+        return (f"first divergence at token {div['token_index']}: speculative {div['speculative_tokens']} "
+                f"{div.get('speculative_text', '')!r} vs baseline {div['baseline_tokens']} {div.get('baseline_text', '')!r}")
+    return f"first divergence at character {div['char_index']}: {div['speculative_text']!r} vs {div['baseline_text']!r}"
+
+
+def _latency(values: list[float]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"mean_s": round(statistics.fmean(values), 4), "p50_s": round(statistics.median(values), 4),
+            "max_s": round(ordered[-1], 4), "n": len(values)}
+
+
+def evaluate(run: ServeRun) -> dict[str, Any]:
+    """Per-prompt comparison, the checks, and the summary (report.json body)."""
+    spec = run.spec
+    rows, suites = [], [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
+    checks_suite, prompts_suite = suites
+    matches = stream_ok = stream_total = 0
+    stats = []
+    for prompt in run.prompts:
+        s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+        b = run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+        st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
+        errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
+                  if o is not None and o.error]
+        row: dict[str, Any] = {"id": prompt.id, "errors": errors, "exact_match": False, "first_divergence": None,
+                               "stream_matches": None, "acceptance_length": None, "per_position_acceptance": None,
+                               "latency_s": {}, "ttft_s": {}, "completion_tokens": {}}
+        for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative_stream", st)):
+            if o is not None and o.completion:
+                row["latency_s"][name] = round(o.completion.latency_s, 4)
+                row["ttft_s"][name] = None if o.completion.ttft_s is None else round(o.completion.ttft_s, 4)
+                row["completion_tokens"][name] = (len(o.completion.token_ids) if o.completion.token_ids is not None
+                                                  else o.completion.completion_tokens)
+        if s.completion and b.completion:
+            div = first_divergence(s.completion, b.completion)
+            row["exact_match"] = div is None
+            row["first_divergence"] = div
+            matches += div is None
+        if s.stats:
+            stats.append(s.stats)
+            row["acceptance_length"] = None if s.stats["acceptance_length"] is None else round(s.stats["acceptance_length"], 4)
+            single = aggregate([s.stats])
+            row["per_position_acceptance"] = single["per_position_acceptance"]
+        if st is not None:
+            stream_total += 1
+            if st.completion and s.completion:
+                row["stream_matches"] = _same(st.completion, s.completion)
+                stream_ok += row["stream_matches"]
+            else:
+                row["stream_matches"] = False
+        ok = row["exact_match"] and not errors and row["stream_matches"] is not False
+        problems = list(errors)
+        if row["first_divergence"]:
+            problems.insert(0, _describe_divergence(row["first_divergence"]))
+        if row["stream_matches"] is False and st is not None and st.completion and s.completion:
+            problems.append("the streamed output differs from the non-streamed one")
+        status = "passed" if ok else ("error" if errors and not row["first_divergence"] else "failed")
+        prompts_suite.add(junit.Case(f"prompt {prompt.id}", "serve-test.prompts",
+                                     sum(v for v in row["latency_s"].values() if v) or 0.0, status,
+                                     problems[0] if problems else "", "\n".join(problems)))
+        rows.append(row)
+
+    n = len(run.prompts)
+    fraction = matches / n if n else 0.0
+    overall = aggregate(stats)
+    checks = []
+
+    def check(name: str, passed: bool, value: Any, threshold: Any, message: str, fix: str | None = None,
+              error: bool = False) -> None:
+        checks.append({"name": name, "passed": passed, "value": value, "threshold": threshold, "message": message,
+                       **({"fix": fix} if fix else {})})
+        checks_suite.add(junit.Case(name, "serve-test.checks", 0.0,
+                                    "passed" if passed else ("error" if error else "failed"), message,
+                                    message + (f"\nFix: {fix}" if fix else "")))
+
+    for server in run.servers:
+        started = server.startup_s is not None and not (server.error and not server.died_mid_run and server.startup_s is None)
+        message = (f"healthy after {server.startup_s} s at {server.url}" if started else (server.error or "did not start"))
+        if server.log_tail and not started:
+            message += "; last log lines: " + " | ".join(server.log_tail[-5:])
+        check(f"server startup: {server.phase}", started, server.startup_s, spec.startup_timeout_s, message, error=not started)
+        if started:
+            alive = not server.died_mid_run and not server.error
+            check(f"server stayed up: {server.phase}", alive, None, None,
+                  "answered every request" if alive else server.error
+                  + ("; last log lines: " + " | ".join(server.log_tail[-5:]) if server.log_tail else ""))
+    check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
+          n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
+          f"{matches}/{n} prompts: speculative output equals the baseline's"
+          + ("" if fraction >= spec.lossless.min_exact_match else
+             "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else "; ".join(r["errors"]))
+                                          for r in rows if not r["exact_match"]), "")))
+    tau = overall["acceptance_length"]
+    if tau is None:
+        fix = ("serve the bundle with `return_perf_metrics: true` (build.extra_llm_api_options) so /perf_metrics reports "
+               "speculative_decoding" if run.metrics_available.get(SPECULATIVE) is not False else
+               "the server has no /perf_metrics route; use the reference server or trtllm-serve")
+        check(f"acceptance length >= {spec.min_acceptance_length:g}", False, None, spec.min_acceptance_length,
+              "the server reported no speculative statistics for any request", fix)
+    else:
+        check(f"acceptance length >= {spec.min_acceptance_length:g}", tau >= spec.min_acceptance_length, tau,
+              spec.min_acceptance_length,
+              f"tau {tau:g} over {overall['requests']} requests"
+              + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
+              + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
+    if spec.stream:
+        check("streaming equals non-streaming", stream_total > 0 and stream_ok == stream_total, stream_ok, stream_total,
+              f"{stream_ok}/{stream_total} streamed speculative outputs equal the non-streamed ones")
+
+    spec_lat = [r["latency_s"][SPECULATIVE] for r in rows if SPECULATIVE in r["latency_s"]]
+    base_lat = [r["latency_s"][BASELINE] for r in rows if BASELINE in r["latency_s"]]
+    startup_failed = any(c["name"].startswith("server startup") and not c["passed"] for c in checks)
+    status = "error" if startup_failed else ("passed" if all(c["passed"] for c in checks) else "failed")
+    summary = {
+        "prompts": n,
+        "exact_match": matches,
+        "exact_match_fraction": round(fraction, 4),
+        **{k: overall[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance")},
+        "acceptance_estimated": overall["estimated"],
+        "latency": {SPECULATIVE: _latency(spec_lat), BASELINE: _latency(base_lat)},
+        "latency_ratio": (round(statistics.fmean(base_lat) / statistics.fmean(spec_lat), 3)
+                          if spec_lat and base_lat and statistics.fmean(spec_lat) > 0 else None),
+    }
+    return {"status": status, "summary": summary, "checks": checks, "prompts": rows, "junit": suites}
+
+
+# ---------------------------------------------------------------------- the stage
+
+
+@dataclass
+class ServeTestResult:
+    report: dict[str, Any]
+    out_dir: Path
+
+
+def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url: str | None = None,
+        baseline_url: str | None = None, port: int | None = None, drafter: str = "eagle") -> ServeTestResult:
+    """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code."""
+    overrides = list(overrides or [])
+    if baseline_url and not url:
+        raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
+    prompts = load_prompts(recipe)
+    phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+    final = serve_test_dir(recipe)
+    inputs = {"recipe": recipe.section("serve_test", "build", "runtime"), "plan": info, "drafter": drafter,
+              "prompts": [p.as_dict() for p in prompts]}
+    started = time.time()
+    with sigterm_unwinds(), stage_dir(final, STAGE, inputs) as stage:
+        serve = ServeRun(recipe, prompts, stage.path)
+        for phase in phases:
+            serve.run_phase(phase)
+        evaluated = evaluate(serve)
+        suites = evaluated.pop("junit")
+        report = {
+            "kind": "serve-test",
+            "recipe": recipe.name,
+            **info,
+            "drafter": drafter,
+            "models": serve.models,
+            "settings": recipe.serve_test.model_dump(mode="json"),
+            **evaluated,
+            "servers": [s.as_dict() for s in serve.servers],
+            "duration_s": round(time.time() - started, 3),
+        }
+        _write_outputs(stage.path, final, report, suites, serve.transcripts)
+        report["files"] = {name: str(final / name) for name in ("report.json", "junit.xml", "transcripts.jsonl")}
+        stage.finish(recipe=recipe.name, status=report["status"], summary=report["summary"],
+                     artifacts={**report["files"], "logs": [s.log for s in serve.servers if s.log]})
+    return ServeTestResult(report, final)
+
+
+def _write_outputs(path: Path, final: Path, report: dict[str, Any], suites: list[junit.Suite],
+                   transcripts: list[dict[str, Any]]) -> None:
+    from ..manifest import write_json_atomic
+
+    # Logs live in the staging directory while running; point at where they end up.
+    for server in report["servers"]:
+        if server.get("log"):
+            server["log"] = str(final / Path(server["log"]).name)
+    write_json_atomic(path / "report.json", report)
+    junit.write(path / "junit.xml", suites, f"specconvert serve-test {report['recipe']}")
+    with open(path / "transcripts.jsonl", "w", encoding="utf-8") as fh:
+        for item in transcripts:
+            fh.write(json.dumps(item, default=str) + "\n")
