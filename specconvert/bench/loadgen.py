@@ -1,24 +1,29 @@
-"""The async load generator: stream OpenAI-compatible requests at a fixed concurrency and time every chunk.
+"""The load generator: serve's SSE client (``serving.client.OpenAIClient``) at a fixed concurrency.
 
-httpx is imported by the functions that use it. Each request is bounded by
-``request_timeout_s`` (whole request, not just one read) and each run by
-``run_timeout_s``; a request that fails or times out is recorded with its error,
-never retried, so a run always ends after ``len(payloads)`` requests.
+The client times every chunk and its own parsing; this module turns each streamed
+completion into a :class:`~.metrics.RequestRecord` and keeps ``concurrency``
+requests in flight. Every request is bounded by the client's overall deadline
+(``request_timeout_s``) and each run by ``run_timeout_s``; a failed or timed-out
+request is recorded with its error, never retried, so a run always ends after
+``len(payloads)`` requests.
 
-Per-chunk token counts, best source first: the chunk's ``token_ids`` (the reference
-server, vLLM's ``return_token_ids``), its ``logprobs`` entries, else the final
-``usage.completion_tokens`` apportioned over the chunks by text length (an estimate).
+Per-chunk token counts: the chunk's ``token_ids`` when the server sends them (the
+reference server; vLLM with ``return_token_ids``), else the final
+``usage.completion_tokens`` apportioned over the chunks by text length (an
+estimate, recorded as such), else one token per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .metrics import Chunk, RequestRecord
+
+# Payload keys the client sets itself from its arguments; the rest travels as ``extra``.
+_CLIENT_KEYS = {"messages", "prompt", "model", "max_tokens", "temperature", "seed", "stream", "stream_options"}
 
 
 @dataclass(frozen=True)
@@ -35,119 +40,59 @@ class Endpoint:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
 
-def _chunk_tokens(choice: dict[str, Any], chat: bool) -> tuple[int | None, str, str]:
-    """(tokens or None when unknown, how they were counted, text) of one streamed choice."""
-    text = ((choice.get("delta") or {}).get("content") if chat else choice.get("text")) or ""
-    ids = choice.get("token_ids")
-    if isinstance(ids, list):
-        return len(ids), "token_ids", text
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict):
-        entries = logprobs.get("content") if chat else logprobs.get("tokens")
-        if isinstance(entries, list):
-            return len(entries), "logprobs", text
-    return None, "usage_apportioned", text
-
-
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
-    """Split ``total`` tokens over chunks: at least one per chunk when there are enough, the rest by weight."""
+    """Split ``total`` tokens over chunks: one per chunk when there are enough, the rest by weight (largest remainder)."""
     count = len(weights)
     if count == 0:
         return []
     if total < count:  # fewer tokens than chunks: the first ``total`` chunks get one each
         return [1 if i < total else 0 for i in range(count)]
-    base = [1] * count
     rest = total - count
     weight_sum = sum(weights)
-    if rest == 0:
-        return base
-    if weight_sum == 0:
-        shares = [rest / count] * count
-    else:
-        shares = [rest * w / weight_sum for w in weights]
+    shares = [rest / count] * count if weight_sum == 0 else [rest * w / weight_sum for w in weights]
     floors = [int(s) for s in shares]
-    left = rest - sum(floors)
     order = sorted(range(count), key=lambda i: (-(shares[i] - floors[i]), i))
-    for i in order[:left]:
+    for i in order[: rest - sum(floors)]:
         floors[i] += 1
-    return [b + f for b, f in zip(base, floors)]
+    return [1 + f for f in floors]
 
 
-async def stream_request(client: Any, endpoint: Endpoint, payload: dict[str, Any], index: int) -> RequestRecord:
-    """Send one streaming request and record when each token-carrying chunk arrived."""
-    import httpx
-
-    chat = endpoint.api == "chat"
-    record = RequestRecord(index=index)
-    pending: list[tuple[float, int | None, str]] = []  # (t, tokens or None, text)
-    sources: set[str] = set()
-    record.send_time = sent = time.perf_counter()
-    try:
-        async with client.stream("POST", endpoint.base_url + endpoint.path, json=payload) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", "replace")
-                record.error = f"HTTP {response.status_code}: {_error_message(body)}"
-                return record
-            async for line in response.aiter_lines():
-                arrived = time.perf_counter()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    record.client_overhead_s += time.perf_counter() - arrived
-                    break
-                record.events += 1
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError:
-                    record.error = f"malformed SSE event: {data[:120]}"
-                    break
-                if isinstance(event, dict) and event.get("error"):
-                    record.error = f"server error: {_error_message(json.dumps(event))}"
-                    break
-                usage = event.get("usage") if isinstance(event, dict) else None
-                if isinstance(usage, dict):
-                    if usage.get("completion_tokens") is not None:
-                        record.usage_tokens = int(usage["completion_tokens"])
-                    if usage.get("prompt_tokens") is not None:
-                        record.prompt_tokens = int(usage["prompt_tokens"])
-                for choice in (event.get("choices") or []) if isinstance(event, dict) else []:
-                    tokens, source, text = _chunk_tokens(choice, chat)
-                    if tokens == 0 or (tokens is None and not text):
-                        continue  # role-only or empty keep-alive chunk
-                    pending.append((arrived - sent, tokens, text))
-                    sources.add(source)
-                record.client_overhead_s += time.perf_counter() - arrived
-            record.e2e_s = time.perf_counter() - sent
-    except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc}"[:300]
-        return record
-    finished = time.perf_counter()
-    if any(tokens is None for _, tokens, _ in pending):
-        if record.usage_tokens is not None:
-            counts = apportion(record.usage_tokens, [len(text) for _, _, text in pending])
-            record.token_count_source = "usage_apportioned"
-        else:
-            counts = [1] * len(pending)
-            record.token_count_source = "chunks"
+def to_record(completion: Any, index: int, send_time: float) -> RequestRecord:
+    """A streamed :class:`~specconvert.serving.client.Completion` as a bench record."""
+    record = RequestRecord(index=index, send_time=send_time, e2e_s=completion.latency_s,
+                           usage_tokens=completion.completion_tokens, prompt_tokens=completion.prompt_tokens,
+                           client_overhead_s=completion.client_s, events=completion.events)
+    started = time.perf_counter()
+    chunks = completion.chunks
+    if chunks and all(c.tokens is not None for c in chunks):
+        counts = [c.tokens for c in chunks]
+        record.token_count_source = "token_ids"
+    elif record.usage_tokens is not None:
+        counts = apportion(record.usage_tokens, [len(c.text) for c in chunks])
+        record.token_count_source = "usage_apportioned"
     else:
-        counts = [tokens or 0 for _, tokens, _ in pending]
-        record.token_count_source = sorted(sources)[0] if sources else "token_ids"
-    record.chunks = [Chunk(t, n) for (t, _, _), n in zip(pending, counts) if n > 0]
+        counts = [1] * len(chunks)
+        record.token_count_source = "chunks"
+    record.chunks = [Chunk(c.t_s, n) for c, n in zip(chunks, counts) if n > 0]
     record.output_tokens = sum(c.tokens for c in record.chunks)
-    record.client_overhead_s += time.perf_counter() - finished
+    record.client_overhead_s += time.perf_counter() - started
     return record
 
 
-def _error_message(body: str) -> str:
+async def stream_request(client: Any, endpoint: Endpoint, payload: dict[str, Any], index: int) -> RequestRecord:
+    """Send one streaming request through ``client`` (an OpenAIClient); failures become the record's error."""
+    from ..serving.client import RequestFailed
+
+    body = {k: payload[k] for k in ("messages", "prompt") if k in payload}
+    extra = {k: v for k, v in payload.items() if k not in _CLIENT_KEYS}
+    send_time = time.perf_counter()
     try:
-        data = json.loads(body)
-        err = data.get("error", data) if isinstance(data, dict) else data
-        if isinstance(err, dict):
-            return str(err.get("message") or err)[:300]
-        return str(err)[:300]
-    except (json.JSONDecodeError, AttributeError):
-        return body.strip()[:300]
+        completion = await client.generate(endpoint.path, body, endpoint.model, max_tokens=payload["max_tokens"],
+                                           temperature=payload.get("temperature", 0.0), seed=payload.get("seed"),
+                                           stream=True, extra=extra or None)
+    except RequestFailed as exc:
+        return RequestRecord(index=index, send_time=send_time, error=f"{exc.kind}: {exc.message}")
+    return to_record(completion, index, send_time)
 
 
 async def run_load(
@@ -155,7 +100,6 @@ async def run_load(
     endpoint: Endpoint,
     payloads: Sequence[dict[str, Any]],
     concurrency: int,
-    request_timeout_s: float,
     run_timeout_s: float,
     on_done: Callable[[RequestRecord], None] | None = None,
 ) -> tuple[list[RequestRecord], float]:
@@ -163,15 +107,9 @@ async def run_load(
     records: list[RequestRecord | None] = [None] * len(payloads)
     queue = iter(enumerate(payloads))
 
-    async def one(index: int, payload: dict[str, Any]) -> RequestRecord:
-        try:
-            return await asyncio.wait_for(stream_request(client, endpoint, payload, index), request_timeout_s)
-        except asyncio.TimeoutError:
-            return RequestRecord(index=index, error=f"timed out after {request_timeout_s:g} s")
-
     async def worker() -> None:
         for index, payload in queue:  # the shared iterator hands each payload to exactly one worker
-            record = await one(index, payload)
+            record = await stream_request(client, endpoint, payload, index)
             records[index] = record
             if on_done is not None:
                 on_done(record)
@@ -191,34 +129,22 @@ async def run_load(
     return done, duration
 
 
-async def get_json(client: Any, url: str) -> Any | None:
-    """GET a JSON document; None on any HTTP error or non-JSON answer (the endpoint is optional)."""
-    import httpx
-
-    try:
-        response = await client.get(url)
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-async def drain_metrics(client: Any, base_url: str) -> list[dict[str, Any]] | None:
+async def drain_metrics(client: Any) -> list[dict[str, Any]] | None:
     """Items of ``GET /perf_metrics`` (drained on read by TensorRT-LLM and the reference server); None when absent."""
-    data = await get_json(client, base_url.rstrip("/") + "/perf_metrics")
-    if isinstance(data, list):
-        return [item for item in data if isinstance(item, dict)]
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        return [item for item in data["data"] if isinstance(item, dict)]
-    return None
+    from ..serving.client import RequestFailed
+
+    try:
+        items = await client.perf_metrics()
+    except RequestFailed:
+        return None
+    return None if items is None else [item for item in items if isinstance(item, dict)]
 
 
-async def list_models(client: Any, base_url: str) -> list[dict[str, Any]]:
-    data = await get_json(client, base_url.rstrip("/") + "/v1/models")
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        return [m for m in data["data"] if isinstance(m, dict) and m.get("id")]
-    return []
+async def list_models(client: Any) -> list[str]:
+    """Model ids of ``GET /v1/models``; empty when the endpoint does not list them."""
+    from ..serving.client import RequestFailed
+
+    try:
+        return await client.models()
+    except RequestFailed:
+        return []

@@ -131,62 +131,63 @@ def run(
 
 async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any], explicit_baseline: bool,
                    default_model: str | None, max_draft_len: int | None) -> dict[str, Any]:
-    import httpx
+    from contextlib import AsyncExitStack
+
+    from ..serving.client import OpenAIClient
 
     levels = list(bench.concurrency)
     schedule = interleaved_schedule(levels, bench.repeats, bench.compare_baseline)
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
-    timeout = httpx.Timeout(bench.request_timeout_s, connect=min(30.0, bench.request_timeout_s))
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-        endpoints = await _endpoints(client, bench, api, started, explicit_baseline, default_model)
+    async with AsyncExitStack() as stack:
+        clients: dict[str, Any] = {}
+
+        def client_for(url: str) -> Any:
+            if url not in clients:
+                clients[url] = OpenAIClient(url, request_timeout_s=bench.request_timeout_s,
+                                            max_connections=max(levels) + 4)
+                stack.push_async_callback(clients[url].aclose)
+            return clients[url]
+
+        endpoints = await _endpoints(client_for, bench, api, started, explicit_baseline, default_model)
         metrics_seen = {label: False for label in endpoints}
         for label, endpoint in endpoints.items():
             if bench.warmup_requests:
                 output.log(f"bench: {bench.warmup_requests} warm-up request(s) to the {label} endpoint")
-                for i in range(bench.warmup_requests):
-                    record = await asyncio.wait_for(
-                        stream_request(client, endpoint, _with_model(payloads[i % len(payloads)], endpoint), -1 - i),
-                        bench.request_timeout_s)
-                    if record.error:
-                        raise ExternalFailure(f"bench: warm-up request to {endpoint.base_url}{endpoint.path} failed: {record.error}",
-                                              fix="check the server log and that the model name is served (GET /v1/models)")
+            for i in range(bench.warmup_requests):
+                record = await stream_request(client_for(endpoint.base_url), endpoint, payloads[i % len(payloads)], -1 - i)
+                if record.error:
+                    raise ExternalFailure(f"bench: warm-up request to {endpoint.base_url}{endpoint.path} failed: {record.error}",
+                                          fix="check the server log and that the model name is served (GET /v1/models)")
         runs: list[dict[str, Any]] = []
         records: list[dict[str, Any]] = []
-        total = len(schedule) * len(payloads)
         with output.progress() as bar:
-            task = bar.add_task("bench", total=total)
+            task = bar.add_task("bench", total=len(schedule) * len(payloads))
             for run in schedule:
                 endpoint = endpoints[run.label]
-                bar.update(task, description=f"{run.name}")
-                await drain_metrics(client, endpoint.base_url)  # whatever earlier traffic left behind
-                bodies = [_with_model(p, endpoint) for p in payloads]
+                client = client_for(endpoint.base_url)
+                bar.update(task, description=run.name)
+                await drain_metrics(client)  # whatever earlier traffic left behind
                 started_at = time.time()
-                recs, duration = await run_load(client, endpoint, bodies, run.concurrency, bench.request_timeout_s,
-                                                bench.run_timeout_s, on_done=lambda _r: bar.advance(task))
-                items = await drain_metrics(client, endpoint.base_url)
+                recs, duration = await run_load(client, endpoint, payloads, run.concurrency, bench.run_timeout_s,
+                                                on_done=lambda _r: bar.advance(task))
+                items = await drain_metrics(client)
                 metrics_seen[run.label] = metrics_seen[run.label] or items is not None
                 runs.append(_run_entry(run, recs, duration, items, started_at, max_draft_len))
                 for rec in recs:
                     records.append({"run": run.name, "label": run.label, "concurrency": run.concurrency,
                                     "repeat": run.repeat, **M.request_metrics(rec)})
-                output.log(f"bench: {run.name}: {runs[-1]['summary']['output_tokens_per_s'] or 0:.1f} tok/s, "
-                           f"{runs[-1]['summary']['failed']} failed")
+                summary = runs[-1]["summary"]
+                output.log(f"bench: {run.name}: {summary['output_tokens_per_s'] or 0:.1f} tok/s, {summary['failed']} failed")
     return {"endpoints": endpoints, "metrics_seen": metrics_seen, "schedule": [r.name for r in schedule], "runs": runs,
             "records": records, "levels": levels}
 
 
-def _with_model(payload: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
-    return {**payload, "model": endpoint.model} if endpoint.model else dict(payload)
-
-
-async def _endpoints(client: Any, bench: Any, api: str, started: dict[str, Any], explicit_baseline: bool,
+async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any], explicit_baseline: bool,
                      default_model: str | None) -> dict[str, Endpoint]:
     spec_url = started["speculative"].rstrip("/")
-    models = await list_models(client, spec_url)
-    ids = [m["id"] for m in models]
+    ids = await list_models(client_for(spec_url))
     spec_model = bench.model or default_model
     if spec_model is None and ids:
-        spec_model = next((m["id"] for m in models if m.get("speculative", True) and not m["id"].endswith("-baseline")), ids[0])
+        spec_model = next((m for m in ids if not m.endswith("-baseline")), ids[0])
     endpoints = {"speculative": Endpoint("speculative", spec_url, spec_model, api)}
     if not bench.compare_baseline:
         return endpoints
@@ -194,15 +195,15 @@ async def _endpoints(client: Any, bench: Any, api: str, started: dict[str, Any],
     base_model = bench.baseline_model
     if base_model is None:
         if explicit_baseline and base_url != spec_url:
-            base_ids = [m["id"] for m in await list_models(client, base_url)]
+            base_ids = await list_models(client_for(base_url))
             base_model = base_ids[0] if base_ids else None
         else:
             twin = f"{spec_model}-baseline" if spec_model else None
-            plain = [m["id"] for m in models if m.get("speculative") is False]
-            base_model = twin if twin in ids or (default_model and not ids) else (plain[0] if plain else None)
+            base_model = twin if twin and (twin in ids or (default_model and not ids)) else None
             if base_model is None:
                 raise InputError(
-                    f"bench.compare_baseline: {spec_url} serves no baseline twin of '{spec_model}' (models: {', '.join(ids) or 'none listed'})",
+                    f"bench.compare_baseline: {spec_url} serves no baseline twin of '{spec_model}' "
+                    f"(models: {', '.join(ids) or 'none listed'})",
                     fix="pass --baseline-url for the same target served without speculation, set bench.baseline_model, "
                     "or --set bench.compare_baseline=false")
     return {"baseline": Endpoint("baseline", base_url, base_model, api), **endpoints}
