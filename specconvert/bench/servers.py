@@ -32,7 +32,8 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
     launches: list[tuple[str, list[str], dict[str, str] | None]] = []
     backend = recipe.runtime.backend
     if backend == "reference":
-        command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST]
+        command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
+                   "--model-name", recipe.name]
         for item in overrides:
             command += ["--set", item]
         launches.append(("speculative+baseline", command, None))
@@ -69,7 +70,7 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
                 tail = "; ".join(exc.log_tail[-3:])
                 raise ExternalFailure(f"bench: {exc}" + (f" (log: {tail})" if tail else ""),
                                       fix=f"see {log_path}; raise bench.startup_timeout_s if it was still loading") from None
-            info["servers"].append({"label": label, "url": url, "command": command, "log": str(log_path),
+            info["servers"].append({"label": label, "url": url, "pid": server.pid, "command": command, "log": str(log_path),
                                     "startup_s": round(took, 2)})
             for side in label.split("+"):
                 info[side] = url

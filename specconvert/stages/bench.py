@@ -99,8 +99,9 @@ def run(
         else:
             servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
         with servers as started:
-            measured = asyncio.run(_measure(bench, api, payloads, started, explicit_baseline=bool(baseline_url),
-                                            default_model=recipe.name if (recipe is not None and url is None) else None,
+            # The reference server names its models after the recipe; trtllm-serve after the target (listed).
+            default_model = recipe.name if (url is None and recipe.runtime.backend == "reference") else None
+            measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
                                             max_draft_len=max_draft_len))
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
                            servers=started["servers"])
@@ -129,7 +130,7 @@ def run(
 # --------------------------------------------------------------------------- measuring
 
 
-async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any], explicit_baseline: bool,
+async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any],
                    default_model: str | None, max_draft_len: int | None) -> dict[str, Any]:
     from contextlib import AsyncExitStack
 
@@ -147,7 +148,7 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 stack.push_async_callback(clients[url].aclose)
             return clients[url]
 
-        endpoints = await _endpoints(client_for, bench, api, started, explicit_baseline, default_model)
+        endpoints = await _endpoints(client_for, bench, api, started, default_model)
         metrics_seen = {label: False for label in endpoints}
         for label, endpoint in endpoints.items():
             if bench.warmup_requests:
@@ -181,8 +182,10 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
             "records": records, "levels": levels}
 
 
-async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any], explicit_baseline: bool,
+async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any],
                      default_model: str | None) -> dict[str, Endpoint]:
+    """Model names: the recipe's, the user's, else what ``GET /v1/models`` lists (a second server: its first model;
+    the same server: the ``<model>-baseline`` twin)."""
     spec_url = started["speculative"].rstrip("/")
     ids = await list_models(client_for(spec_url))
     spec_model = bench.model or default_model
@@ -194,7 +197,7 @@ async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, A
     base_url = (started.get("baseline") or spec_url).rstrip("/")
     base_model = bench.baseline_model
     if base_model is None:
-        if explicit_baseline and base_url != spec_url:
+        if base_url != spec_url:
             base_ids = await list_models(client_for(base_url))
             base_model = base_ids[0] if base_ids else None
         else:
