@@ -169,59 +169,44 @@ def client_overhead(records: Sequence[RequestRecord]) -> dict[str, Any]:
 def acceptance_from_server(items: Sequence[dict[str, Any]], max_draft_len: int | None = None) -> dict[str, Any] | None:
     """Acceptance over the speculative requests of a ``/perf_metrics`` drain; None when it holds none.
 
-    Reads the reference server's ``specconvert`` block (per-step accepted counts, so per-position
-    rates are exact) or TensorRT-LLM's ``perf_metrics.speculative_decoding`` (totals only).
+    Parsed by serve's ``serving.metrics`` (so serve-test and bench agree): the reference server's
+    ``specconvert`` block gives exact per-step counts (per-position rates too); TensorRT-LLM's
+    ``speculative_decoding`` totals give an exact rate, and a length that assumes ``max_draft_len``
+    drafted tokens per step (``estimate: true``). Without ``max_draft_len`` (``--url`` without a
+    recipe) the steps are counted as ``last_iter - first_iter`` (the first iteration is the prefill).
     """
-    accepted_steps: list[int] = []
-    depths: list[int] = []
-    trt_accepted = trt_drafted = trt_steps = 0
+    from ..serving.metrics import aggregate, request_stats
+
+    stats = []
     for item in items:
-        block = item.get("specconvert")
-        if isinstance(block, dict):
-            if not block.get("speculative", True):
-                continue
-            steps = list(block.get("accepted_per_step") or [])
-            accepted_steps.extend(int(a) for a in steps)
-            drafted = list(block.get("drafted_depth_per_step") or [])
-            depths.extend(int(d) for d in drafted) if len(drafted) == len(steps) else depths.extend([max_draft_len or 0] * len(steps))
-            continue
-        perf = item.get("perf_metrics") or {}
-        spec = perf.get("speculative_decoding")
-        if not spec:
-            continue
-        trt_accepted += int(spec.get("total_accepted_draft_tokens") or 0)
-        trt_drafted += int(spec.get("total_draft_tokens") or 0)
-        first, last = perf.get("first_iter"), perf.get("last_iter")
-        if first is not None and last is not None and last > first:
-            trt_steps += last - first  # the first iteration is the prefill
-        elif max_draft_len:
-            trt_steps += int(spec.get("total_draft_tokens") or 0) // max_draft_len
-    if accepted_steps:
-        steps = len(accepted_steps)
-        positions = max(depths, default=0)
-        per_position = []
-        for i in range(positions):
-            tried = [a for a, d in zip(accepted_steps, depths) if d > i]
-            per_position.append(sum(1 for a in tried if a > i) / len(tried) if tried else None)
-        drafted_total = sum(depths)
-        return {
-            "source": "server",
-            "estimate": False,
-            "acceptance_length": sum(a + 1 for a in accepted_steps) / steps,
-            "acceptance_rate": (sum(accepted_steps) / drafted_total) if drafted_total else None,
-            "per_position": per_position,
-            "steps": steps,
-        }
-    if trt_drafted:
-        return {
-            "source": "server",
-            "estimate": False,
-            "acceptance_length": (1 + trt_accepted / trt_steps) if trt_steps else None,
-            "acceptance_rate": trt_accepted / trt_drafted,
-            "per_position": None,
-            "steps": trt_steps or None,
-        }
-    return None
+        if (item.get("specconvert") or {}).get("speculative") is False:
+            continue  # a baseline request on the same reference server
+        entry = request_stats(item, max_draft_len or 0)
+        if entry and not entry.get("steps") and entry.get("estimated"):
+            perf = item.get("perf_metrics") or {}
+            first, last = perf.get("first_iter"), perf.get("last_iter")
+            if isinstance(first, int) and isinstance(last, int) and last > first:
+                steps = last - first
+                entry = {**entry, "steps": steps, "acceptance_length": 1 + entry["accepted_tokens"] / steps}
+        if entry:
+            stats.append(entry)
+    total = aggregate(stats)
+    if not total["requests"]:
+        return None
+    out = {
+        "source": "server",
+        "estimate": bool(total["estimated"]),
+        "acceptance_length": total["acceptance_length"],
+        "acceptance_rate": total["acceptance_rate"],
+        "per_position": total["per_position_acceptance"],
+        "steps": total["steps"],
+        "requests": total["requests"],
+    }
+    if out["estimate"]:
+        out["note"] = ("acceptance rate exact (server totals); acceptance length estimated from them, "
+                       + (f"assuming {max_draft_len} draft tokens per step" if max_draft_len else
+                          "counting last_iter - first_iter verify steps per request"))
+    return out
 
 
 def acceptance_from_chunks(records: Sequence[RequestRecord]) -> dict[str, Any]:

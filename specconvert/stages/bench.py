@@ -179,7 +179,7 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 summary = runs[-1]["summary"]
                 output.log(f"bench: {run.name}: {summary['output_tokens_per_s'] or 0:.1f} tok/s, {summary['failed']} failed")
     return {"endpoints": endpoints, "metrics_seen": metrics_seen, "schedule": [r.name for r in schedule], "runs": runs,
-            "records": records, "levels": levels}
+            "records": records, "levels": levels, "max_draft_len": max_draft_len}
 
 
 async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any],
@@ -246,7 +246,8 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                 items = [it for r in mine for it in (r["_items"] or [])]
                 all_spec_records.extend(recs)
                 all_spec_items.extend(items)
-                entry["acceptance"] = (M.acceptance_from_server(items) if items else None) or M.acceptance_from_chunks(recs)
+                entry["acceptance"] = ((M.acceptance_from_server(items, measured["max_draft_len"]) if items else None)
+                                      or M.acceptance_from_chunks(recs))
         pairs = []
         for repeat in range(bench.repeats):
             b = next((r for r in runs if r["label"] == "baseline" and r["concurrency"] == level and r["repeat"] == repeat), None)
@@ -255,7 +256,8 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                 pairs.append((b["summary"], s["summary"]))
         entry["speedup"] = M.speedups(pairs, seed=bench.seed) if pairs else None
         levels.append(entry)
-    acceptance = (M.acceptance_from_server(all_spec_items) if all_spec_items else None) or M.acceptance_from_chunks(all_spec_records)
+    acceptance = ((M.acceptance_from_server(all_spec_items, measured["max_draft_len"]) if all_spec_items else None)
+                  or M.acceptance_from_chunks(all_spec_records))
     gate = None
     if bench.fail_below_speedup is not None:
         medians = [(lv["concurrency"], ((lv.get("speedup") or {}).get("output_tokens_per_s") or {}).get("median")) for lv in levels]
