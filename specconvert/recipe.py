@@ -148,6 +148,83 @@ class BuildSpec(_Strict):
     )
 
 
+class SyntheticSpec(_Strict):
+    """Synthetic load: fixed input and output lengths, random token-id prompts (throughput, not acceptance)."""
+
+    input_tokens: int = Field(128, ge=1, le=131072, description="Prompt length in tokens (sent as a token-id list to `/v1/completions`).")
+    output_tokens: int = Field(128, ge=1, le=131072, description="Tokens generated per request (`max_tokens`, with `ignore_eos: true`).")
+    token_id_range: tuple[int, int] = Field(
+        (100, 10000),
+        description="Prompt token ids are drawn uniformly from [low, high); keep `high` below the target's vocabulary size. "
+        "Random prompts make a draft head guess badly: use prompts for acceptance, synthetic load for capacity.",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> "SyntheticSpec":
+        low, high = self.token_id_range
+        if not 0 <= low < high:
+            raise ValueError(f"token_id_range must be [low, high) with 0 <= low < high, got [{low}, {high}]")
+        return self
+
+
+class BenchSpec(_Strict):
+    """`specconvert bench`: speculative vs baseline latency and throughput through the OpenAI-compatible HTTP API."""
+
+    prompts: str = Field(
+        "builtin:chat-eval",
+        description="`builtin:NAME` or a JSONL file (`messages` for chat, `prompt`/`text` for completions), or "
+        "`synthetic` for fixed input/output lengths (see `bench.synthetic`). A missing `builtin:chat-eval` falls back "
+        "to `builtin:bench-smoke`, with a warning.",
+    )
+    synthetic: SyntheticSpec = Field(default_factory=SyntheticSpec, description="Lengths of the synthetic load (`prompts: synthetic`).")
+    api: Literal["auto", "chat", "completions"] = Field(
+        "auto", description="Endpoint: `chat` = /v1/chat/completions, `completions` = /v1/completions; `auto` picks chat for "
+        "samples with `messages`, completions otherwise."
+    )
+    num_requests: int = Field(32, ge=1, le=100000, description="Measured requests per run (one run = one endpoint at one concurrency).")
+    concurrency: list[int] = Field([1, 4, 16], min_length=1, description="Concurrency levels (requests in flight); each is a separate pair of runs.")
+    repeats: int = Field(
+        2, ge=1, le=50,
+        description="Baseline/speculative run pairs per concurrency level, interleaved A B A B so machine drift cancels; "
+        "the speedup spread is taken over these pairs.",
+    )
+    max_tokens: int = Field(128, ge=1, le=131072, description="`max_tokens` of every prompt-set request.")
+    ignore_eos: bool = Field(False, description="Send `ignore_eos: true` so every request generates exactly `max_tokens` (vLLM, SGLang, TensorRT-LLM, reference).")
+    warmup_requests: int = Field(2, ge=0, le=1000, description="Unmeasured requests sent to each endpoint before its first run.")
+    compare_baseline: bool = Field(True, description="Also run the same load without speculation and report the speedup.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of every request; 0 = greedy.")
+    seed: int = Field(0, description="Seed of prompt order, synthetic prompts and the request `seed` field.")
+    model: str | None = Field(None, description="Model name for the speculative endpoint; default: the first one `GET /v1/models` lists.")
+    baseline_model: str | None = Field(
+        None, description="Model name for the baseline; default: the endpoint's `<model>-baseline` twin when listed, else its first model."
+    )
+    request_timeout_s: float = Field(300, gt=0, description="Seconds one request may take before it fails the run.")
+    run_timeout_s: float = Field(3600, gt=0, description="Seconds one run (all its requests) may take before bench stops it.")
+    startup_timeout_s: float = Field(600, gt=0, description="Seconds a server started by bench may take to answer `GET /health`.")
+    fail_below_speedup: float | None = Field(
+        None, gt=0,
+        description="CI gate: exit 1 when the median per-pair output-throughput speedup at any concurrency level is below this "
+        "(e.g. 1.3). Needs `compare_baseline: true`.",
+    )
+    plots: bool = Field(True, description="Write PNG plots (matplotlib, Agg) next to report.json.")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _one_level(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int) else value
+
+    @model_validator(mode="after")
+    def _levels(self) -> "BenchSpec":
+        bad = [c for c in self.concurrency if c < 1]
+        if bad:
+            raise ValueError(f"concurrency levels must be >= 1, got {bad}")
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ValueError(f"concurrency lists a level twice: {self.concurrency}")
+        if self.fail_below_speedup is not None and not self.compare_baseline:
+            raise ValueError("fail_below_speedup needs a baseline to compare with. Add `bench.compare_baseline: true`")
+        return self
+
+
 class RuntimeSpec(_Strict):
     backend: Literal["reference", "trtllm"] = Field(
         "reference", description="`reference`: our PyTorch EAGLE-3 decoder (CPU/CUDA); `trtllm`: TensorRT-LLM PyTorch backend."
@@ -219,6 +296,7 @@ class Recipe(_Strict):
     serve_test: ServeTestSpec = Field(
         default_factory=ServeTestSpec, description="Checks `specconvert serve-test` runs against the served bundle."
     )
+    bench: BenchSpec = Field(default_factory=BenchSpec, description="Load test of the served bundle (`specconvert bench`).")
 
     # Not part of the schema: where the recipe was read from (for relative paths).
     _base_dir: Path = Path(".")

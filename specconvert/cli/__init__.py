@@ -28,7 +28,15 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-from . import build_cmd, convert_cmd, generate_cmd, inspect_cmd, recipe_cmd, serve_cmd  # noqa: E402  (registers commands)
+from . import (  # noqa: E402  (registers commands)
+    bench_cmd,
+    build_cmd,
+    convert_cmd,
+    generate_cmd,
+    inspect_cmd,
+    recipe_cmd,
+    serve_cmd,
+)
 
 recipe_cmd.register(app)
 convert_cmd.register(app)
@@ -36,6 +44,7 @@ inspect_cmd.register(app)
 build_cmd.register(app)
 generate_cmd.register(app)
 serve_cmd.register(app)
+bench_cmd.register(app)
 
 
 @app.callback()

@@ -49,6 +49,8 @@ class Completion:
     stream: bool
     chunks: list[Chunk] = field(default_factory=list)
     model: str | None = None
+    client_s: float = 0.0  # time spent parsing events and keeping books (not reading the socket): bench's overhead figure
+    events: int = 0  # SSE data events parsed
 
     def as_dict(self, with_chunks: bool = False) -> dict[str, Any]:
         out = {
@@ -65,11 +67,19 @@ class Completion:
 class OpenAIClient:
     """``async with OpenAIClient(url, request_timeout_s=120) as client: await client.chat(...)``."""
 
-    def __init__(self, base_url: str, request_timeout_s: float = 120.0, connect_timeout_s: float = 10.0):
+    def __init__(self, base_url: str, request_timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
+                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        """``max_connections``: bench raises it to its highest concurrency (httpx's default pool holds 100).
+        ``transport``: an ``httpx.MockTransport`` in tests."""
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         timeout = httpx.Timeout(request_timeout_s, connect=min(connect_timeout_s, request_timeout_s))
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False)
+        extra: dict[str, Any] = {}
+        if max_connections is not None:
+            extra["limits"] = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        if transport is not None:
+            extra["transport"] = transport
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, **extra)
 
     async def __aenter__(self) -> "OpenAIClient":
         return self
@@ -180,6 +190,7 @@ class OpenAIClient:
         finish = model = None
         usage: dict[str, Any] = {}
         done = False
+        client_s, events = 0.0, 0
         try:
             async with self._http.stream("POST", path, json=payload) as response:
                 if response.status_code != 200:
@@ -187,44 +198,49 @@ class OpenAIClient:
                     raise RequestFailed("http", f"POST {path}: HTTP {response.status_code}: {_snippet(body)}",
                                         response.status_code)
                 async for line in response.aiter_lines():
-                    if not line.strip() or line.startswith(":"):
-                        continue  # keep-alive comments and event separators
-                    if not line.startswith("data:"):
-                        if line.startswith(("event:", "id:", "retry:")):
-                            continue
-                        raise RequestFailed("malformed", f"POST {path}: not a server-sent event line: {_snippet(line)}")
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
+                    arrived = time.perf_counter()
                     try:
-                        event = json.loads(data)
-                    except ValueError:
-                        raise RequestFailed("malformed", f"POST {path}: event is not JSON: {_snippet(data)}") from None
-                    if not isinstance(event, dict):
-                        raise RequestFailed("malformed", f"POST {path}: event is not an object: {_snippet(data)}")
-                    if "error" in event:
-                        raise RequestFailed("http", f"POST {path}: error in stream: {_snippet(json.dumps(event['error']))}")
-                    model = event.get("model", model)
-                    usage = event.get("usage") or usage
-                    choices = event.get("choices")
-                    if not isinstance(choices, list):
-                        raise RequestFailed("malformed", f"POST {path}: event without choices: {_snippet(data)}")
-                    for choice in choices:
+                        if not line.strip() or line.startswith(":"):
+                            continue  # keep-alive comments and event separators
+                        if not line.startswith("data:"):
+                            if line.startswith(("event:", "id:", "retry:")):
+                                continue
+                            raise RequestFailed("malformed", f"POST {path}: not a server-sent event line: {_snippet(line)}")
+                        data = line[5:].strip()
+                        events += 1
+                        if data == "[DONE]":
+                            done = True
+                            break
                         try:
-                            text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                        except AttributeError:
-                            raise RequestFailed("malformed", f"POST {path}: bad choice: {_snippet(data)}") from None
-                        ids = _ids(choice.get("token_ids"))
-                        if ids is None:
-                            token_ids = None
-                        elif token_ids is not None:
-                            token_ids.extend(ids)
-                        if text:
-                            parts.append(text)
-                        if text or ids:
-                            chunks.append(Chunk(time.perf_counter() - started, text or "", len(ids) if ids is not None else None))
-                        finish = choice.get("finish_reason") or finish
+                            event = json.loads(data)
+                        except ValueError:
+                            raise RequestFailed("malformed", f"POST {path}: event is not JSON: {_snippet(data)}") from None
+                        if not isinstance(event, dict):
+                            raise RequestFailed("malformed", f"POST {path}: event is not an object: {_snippet(data)}")
+                        if "error" in event:
+                            raise RequestFailed("http", f"POST {path}: error in stream: {_snippet(json.dumps(event['error']))}")
+                        model = event.get("model", model)
+                        usage = event.get("usage") or usage
+                        choices = event.get("choices")
+                        if not isinstance(choices, list):
+                            raise RequestFailed("malformed", f"POST {path}: event without choices: {_snippet(data)}")
+                        for choice in choices:
+                            try:
+                                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                            except AttributeError:
+                                raise RequestFailed("malformed", f"POST {path}: bad choice: {_snippet(data)}") from None
+                            ids = _ids(choice.get("token_ids"))
+                            if ids is None:
+                                token_ids = None
+                            elif token_ids is not None:
+                                token_ids.extend(ids)
+                            if text:
+                                parts.append(text)
+                            if text or ids:
+                                chunks.append(Chunk(arrived - started, text or "", len(ids) if ids is not None else None))
+                            finish = choice.get("finish_reason") or finish
+                    finally:  # parsing and bookkeeping only: the wait for the next line is not the client's cost
+                        client_s += time.perf_counter() - arrived
         except httpx.HTTPError as exc:
             raise _transport_error(f"POST {path}", exc, streaming=True) from None
         if not done:
@@ -232,7 +248,7 @@ class OpenAIClient:
                                 f"after {len(chunks)} chunks (did the server die?)")
         latency = time.perf_counter() - started
         return Completion("".join(parts), token_ids, finish, usage.get("prompt_tokens"), usage.get("completion_tokens"),
-                          latency, chunks[0].t_s if chunks else None, True, chunks, model)
+                          latency, chunks[0].t_s if chunks else None, True, chunks, model, client_s, events)
 
 
 def _ids(value: Any) -> list[int] | None:

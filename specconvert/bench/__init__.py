@@ -1,0 +1,1 @@
+"""Benchmarking: load generator, metric arithmetic, reports and plots (``specconvert bench``)."""

@@ -1,0 +1,251 @@
+"""report.json assembly, report.md (tables ready for a PR) and PNG plots (matplotlib, Agg).
+
+matplotlib is imported only when plots are written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+REPORT_SCHEMA_VERSION = 1
+
+DEFINITIONS = {
+    "ttft_s": "request sent -> first SSE chunk carrying at least one output token",
+    "e2e_s": "request sent -> end of the stream ([DONE])",
+    "tpot_s": "(e2e_s - ttft_s) / (output_tokens - 1); requests with fewer than 2 tokens are left out",
+    "itl_s": "one sample per token-carrying chunk after the first: gap since the previous token-carrying chunk / tokens in this chunk",
+    "percentiles": "linear interpolation between closest ranks (NumPy's default)",
+    "output_tokens_per_s": "output tokens of successful requests / run wall time (first send to last completion)",
+    "output_tokens_per_s_per_user": "per request: output_tokens / e2e_s",
+    "requests_per_s": "successful requests / run wall time",
+    "acceptance_length": "tokens emitted per target (verify) step = 1 + accepted draft tokens per step; "
+    "from the server's /perf_metrics when it has one, else estimated as mean tokens per decode chunk (estimate: true)",
+    "per_position": "share of verify steps whose draft token at position i was accepted, among steps that drafted position i",
+    "speedup": "per (baseline, speculative) run pair at one concurrency: speculative/baseline for throughput, "
+    "baseline/speculative for latencies (> 1 = speculation is better); median, min-max and a bootstrap 95% interval of "
+    "the median over the pairs",
+    "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
+    "and as a share of e2e and of the mean ITL",
+}
+
+
+def _ms(value: Any) -> str:
+    return "–" if value is None else f"{value * 1000:.1f}"
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(summary: dict[str, Any] | None) -> str:
+    if not summary or summary.get("median") is None:
+        return "–"
+    text = f"{summary['median']:.2f}× [{summary['min']:.2f}–{summary['max']:.2f}]"
+    ci = summary.get("ci95")
+    if ci and summary.get("pairs", 0) > 2:
+        text += f" (95% CI {ci[0]:.2f}–{ci[1]:.2f})"
+    return text
+
+
+def _acceptance_text(acc: dict[str, Any] | None) -> str:
+    if not acc or acc.get("acceptance_length") is None:
+        return "–"
+    return f"{acc['acceptance_length']:.2f}" + (" (est.)" if acc.get("estimate") else "")
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables (paste into a PR)."""
+    lines: list[str] = []
+    spec_ep = report["endpoints"]["speculative"]
+    base_ep = report["endpoints"].get("baseline")
+    work = report["workload"]
+    lines.append(f"## specconvert bench — {report.get('name') or spec_ep['url']}")
+    lines.append("")
+    lines.append(f"- speculative: `{spec_ep['model']}` at {spec_ep['url']} ({spec_ep['api']})")
+    if base_ep:
+        lines.append(f"- baseline: `{base_ep['model']}` at {base_ep['url']}")
+    prompt_desc = (f"synthetic {work.get('input_tokens')} in / {work.get('output_tokens')} out"
+                   if work.get("prompts") == "synthetic" else f"`{work.get('prompts')}`, max_tokens {work.get('max_tokens')}")
+    settings = report["settings"]
+    lines.append(f"- load: {prompt_desc}; {settings['num_requests']} requests per run, {settings['repeats']} "
+                 f"interleaved pair(s) per level, temperature {settings['temperature']}")
+    lines.append(f"- {report['created_at']}, specconvert {report['specconvert_version']}")
+    lines.append("")
+    if base_ep:
+        lines.append("### Speedup (speculative vs baseline; median [min–max] over run pairs)")
+        lines.append("")
+        lines.append("| concurrency | output tok/s | E2E latency | TPOT | acceptance length |")
+        lines.append("|---:|---|---|---|---:|")
+        for level in report["levels"]:
+            sp = level.get("speedup") or {}
+            lines.append(f"| {level['concurrency']} | {_ratio(sp.get('output_tokens_per_s'))} | {_ratio(sp.get('e2e_mean'))} "
+                         f"| {_ratio(sp.get('tpot_mean'))} | {_acceptance_text(level.get('acceptance'))} |")
+        lines.append("")
+    lines.append("### Latency and throughput (runs of one level pooled; ms)")
+    lines.append("")
+    lines.append("| side | conc. | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | tok/s | tok/s/user | req/s | failed |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for level in report["levels"]:
+        for label in ("baseline", "speculative"):
+            s = level.get(label)
+            if not s:
+                continue
+            lines.append(
+                f"| {label} | {level['concurrency']} | {_ms(s['ttft_s']['p50'])} | {_ms(s['ttft_s']['p99'])} | "
+                f"{_ms(s['tpot_s']['p50'])} | {_ms(s['tpot_s']['p99'])} | {_ms(s['itl_s']['p50'])} | {_ms(s['itl_s']['p99'])} | "
+                f"{_ms(s['e2e_s']['p50'])} | {_ms(s['e2e_s']['p99'])} | {_num(s['output_tokens_per_s'], 1)} | "
+                f"{_num(s['output_tokens_per_s_per_user']['mean'], 1)} | {_num(s['requests_per_s'], 2)} | {s['failed']} |")
+    lines.append("")
+    acc = report.get("acceptance") or {}
+    lines.append("### Acceptance")
+    lines.append("")
+    if acc.get("acceptance_length") is None:
+        lines.append("Not available.")
+    else:
+        source = "estimate from tokens per streamed chunk" if acc.get("estimate") else "server /perf_metrics"
+        lines.append(f"Acceptance length {acc['acceptance_length']:.3f} ({source}).")
+        per_position = acc.get("per_position")
+        if per_position:
+            lines.append("")
+            lines.append("| draft position | " + " | ".join(str(i + 1) for i in range(len(per_position))) + " |")
+            lines.append("|---|" + "---:|" * len(per_position))
+            lines.append("| accepted | " + " | ".join(_num(p, 3) for p in per_position) + " |")
+    lines.append("")
+    overhead = report.get("client_overhead") or {}
+    if overhead.get("per_event_s") is not None:
+        lines.append(f"Client overhead: {overhead['per_event_s'] * 1e6:.1f} µs per SSE event, "
+                     f"{_num((overhead.get('fraction_of_e2e') or 0) * 100, 3)}% of E2E, "
+                     f"{_num((overhead.get('fraction_of_mean_itl') or 0) * 100, 3)}% of the mean ITL.")
+        lines.append("")
+    gate = report.get("gate")
+    if gate:
+        verdict = "passed" if gate["passed"] else "FAILED"
+        lines.append(f"Gate `fail_below_speedup: {gate['fail_below_speedup']}`: {verdict} "
+                     f"(lowest median throughput speedup {_num(gate.get('lowest_median'))}× at concurrency {gate.get('lowest_level')}).")
+        lines.append("")
+    if report.get("trtllm_bench"):
+        tb = report["trtllm_bench"]
+        lines.append(f"TensorRT-LLM `trtllm-bench latency` reports: {', '.join(f'`{Path(p).name}`' for p in tb.get('reports', {}).values())}.")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """Latency percentiles vs concurrency, speedup vs concurrency, per-position acceptance. Returns name -> path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    written: dict[str, str] = {}
+    levels = report["levels"]
+    xs = [lv["concurrency"] for lv in levels]
+    colors = {"baseline": "tab:gray", "speculative": "tab:green"}
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (key, title) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))):
+        for label in ("baseline", "speculative"):
+            if not any(lv.get(label) for lv in levels):
+                continue
+            for q, style in (("p50", "-o"), ("p99", "--x")):
+                ys = [(lv[label][key][q] * 1000 if lv.get(label) and lv[label][key][q] is not None else float("nan")) for lv in levels]
+                ax.plot(xs, ys, style, color=colors[label], label=f"{label} {q}")
+        ax.set_title(title)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("ms")
+        _concurrency_axis(ax, xs)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    written["latency"] = _save(fig, out_dir / "latency_vs_concurrency.png", plt)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    plotted = False
+    for key, name, color in (("output_tokens_per_s", "output tok/s", "tab:green"), ("e2e_mean", "E2E latency", "tab:blue")):
+        med, low, high = [], [], []
+        for lv in levels:
+            s = (lv.get("speedup") or {}).get(key) or {}
+            m = s.get("median")
+            med.append(m if m is not None else float("nan"))
+            low.append((m - s["min"]) if m is not None else 0)
+            high.append((s["max"] - m) if m is not None else 0)
+        if any(v == v for v in med):
+            ax.errorbar(xs, med, yerr=[low, high], fmt="-o", capsize=4, color=color, label=name)
+            plotted = True
+    ax.axhline(1.0, color="black", lw=0.8)
+    gate = report.get("gate")
+    if gate:
+        ax.axhline(gate["fail_below_speedup"], color="tab:red", ls=":", label="gate")
+    if not plotted:
+        ax.text(0.5, 0.5, "no baseline run: no speedup", ha="center", va="center", transform=ax.transAxes)
+    _concurrency_axis(ax, xs)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("speedup (×), median and min–max over pairs")
+    ax.grid(alpha=0.3)
+    if plotted or gate:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    written["speedup"] = _save(fig, out_dir / "speedup_vs_concurrency.png", plt)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    acc = report.get("acceptance") or {}
+    per_position = acc.get("per_position")
+    if per_position:
+        ax.bar([i + 1 for i in range(len(per_position))], [p or 0 for p in per_position], color="tab:green")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted share")
+        ax.set_title(f"acceptance length {acc['acceptance_length']:.2f}")
+    else:
+        al = acc.get("acceptance_length")
+        note = "per-position acceptance not reported by the server"
+        if al is not None:
+            note += f"\nacceptance length {al:.2f}" + (" (estimate from tokens per chunk)" if acc.get("estimate") else "")
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    fig.tight_layout()
+    written["acceptance"] = _save(fig, out_dir / "acceptance_per_position.png", plt)
+    return written
+
+
+def _concurrency_axis(ax: Any, levels: list[int]) -> None:
+    """Log-2 spaced concurrency levels, labelled with their plain values (1, 4, 16, not 2^k)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(x) for x in levels])
+    ax.minorticks_off()
+
+
+def _save(fig: Any, path: Path, plt: Any) -> str:
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- console
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """The summary table on stdout (human mode)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="specconvert bench", title_justify="left")
+    for col in ("conc.", "side", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms", "tok/s", "speedup", "τ"):
+        table.add_column(col, justify="right")
+    for level in report["levels"]:
+        for label in ("baseline", "speculative"):
+            s = level.get(label)
+            if not s:
+                continue
+            ratio = (level.get("speedup") or {}).get("output_tokens_per_s") or {}
+            speed = f"{ratio['median']:.2f}×" if label == "speculative" and ratio.get("median") is not None else ""
+            acc = _acceptance_text(level.get("acceptance")) if label == "speculative" else ""
+            table.add_row(str(level["concurrency"]), "spec" if label == "speculative" else "base", _ms(s["ttft_s"]["p50"]), _ms(s["tpot_s"]["p50"]),
+                          _ms(s["e2e_s"]["p99"]), _num(s["output_tokens_per_s"], 1), speed, acc)
+    Console(highlight=False, soft_wrap=True).print(table)
+

@@ -1,0 +1,90 @@
+"""Servers bench starts itself (RECIPE mode, no --url), through serve's ``ServerProcess`` lifecycle.
+
+- reference backend: one ``specconvert serve RECIPE`` process; it serves ``<name>``
+  (speculative) and ``<name>-baseline`` (plain target) from the same decoder.
+- trtllm backend: the bundle's ``trtllm/serve.sh`` twice, speculative and with
+  ``OPTIONS=baseline.yaml``, both up at once so runs can interleave; each gets half of
+  the bundle's ``kv_cache_config.free_gpu_memory_fraction`` (derived option files
+  written into the bench directory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from .. import output
+from ..errors import ExternalFailure, InputError
+
+HOST = "127.0.0.1"
+
+
+@contextmanager
+def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_dir: Path, log_dir: Path,
+                   startup_timeout_s: float) -> Iterator[dict[str, Any]]:
+    """Start the bundle's server(s); yield ``{"speculative": url, "baseline": url, "servers": [...]}``; always reap."""
+    from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
+
+    launches: list[tuple[str, list[str], dict[str, str] | None]] = []
+    backend = recipe.runtime.backend
+    if backend == "reference":
+        command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
+                   "--model-name", recipe.name]
+        for item in overrides:
+            command += ["--set", item]
+        launches.append(("speculative+baseline", command, None))
+    else:
+        trt = engine_dir / "trtllm"
+        script = trt / "serve.sh"
+        if not script.is_file():
+            raise InputError(f"{script} is missing", fix="run `specconvert build RECIPE --force`")
+        if shutil.which("trtllm-serve") is None:
+            from ..errors import EnvironmentMissing
+
+            raise EnvironmentMissing(
+                "trtllm-serve is not on PATH (runtime.backend: trtllm)",
+                fix="run bench inside NVIDIA's TensorRT-LLM container, or start the servers yourself and pass "
+                "--url/--baseline-url")
+        for label, options in (("speculative", trt / "llm_api_options.yaml"), ("baseline", trt / "baseline.yaml")):
+            shared = _half_memory_options(options, log_dir / f"{label}_options.yaml")
+            launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}))
+    info: dict[str, Any] = {"servers": []}
+    with ExitStack() as stack, sigterm_unwinds():
+        for label, command, env in launches:
+            port = free_port(HOST)
+            url = f"http://{HOST}:{port}"
+            if env is None:
+                command = command + ["--port", str(port)]
+            else:
+                env = {**env, "HOST": HOST, "PORT": str(port)}
+            log_path = log_dir / f"server-{label.replace('+', '-')}.log"
+            output.log(f"bench: starting {label} server on {url}")
+            server = stack.enter_context(ServerProcess(command, url, log_path, env=env, name=f"{label} server"))
+            try:
+                took = server.wait_healthy(startup_timeout_s)
+            except ServerStartError as exc:
+                tail = "; ".join(exc.log_tail[-3:])
+                raise ExternalFailure(f"bench: {exc}" + (f" (log: {tail})" if tail else ""),
+                                      fix=f"see {log_path}; raise bench.startup_timeout_s if it was still loading") from None
+            info["servers"].append({"label": label, "url": url, "pid": server.pid, "command": command, "log": str(log_path),
+                                    "startup_s": round(took, 2)})
+            for side in label.split("+"):
+                info[side] = url
+        yield info
+
+
+def _half_memory_options(source: Path, dest: Path) -> Path:
+    """A copy of an options file with half its KV-cache memory fraction (two servers share the GPU)."""
+    import yaml
+
+    data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    kv = dict(data.get("kv_cache_config") or {})
+    kv["free_gpu_memory_fraction"] = round(float(kv.get("free_gpu_memory_fraction", 0.9)) / 2, 3)
+    data["kv_cache_config"] = kv
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return dest

@@ -1,0 +1,99 @@
+"""What bench sends: request payloads from a prompt set or synthetic lengths, and the run order.
+
+Both sides of a comparison get the identical payload list (same prompts, same
+order, same seeds), so a per-pair ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import output
+from ..errors import InputError
+from ..prompts import builtin_names, load_samples, sample_text
+
+FALLBACK_PROMPTS = "builtin:bench-smoke"
+SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: one endpoint at one concurrency level, repeat ``repeat`` of that level."""
+
+    label: str  # "baseline" | "speculative"
+    concurrency: int
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}-c{self.concurrency}-r{self.repeat}"
+
+
+def interleaved_schedule(levels: list[int], repeats: int, compare_baseline: bool) -> list[Run]:
+    """Per level: baseline, speculative, baseline, speculative, ... so slow machine drift hits both alike."""
+    order: list[Run] = []
+    for level in levels:
+        for repeat in range(repeats):
+            if compare_baseline:
+                order.append(Run("baseline", level, repeat))
+            order.append(Run("speculative", level, repeat))
+    return order
+
+
+def load_prompt_samples(spec: str, base_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    """Samples and the set actually used (``builtin:chat-eval`` falls back to ``builtin:bench-smoke`` while absent)."""
+    if spec == "builtin:chat-eval" and "chat-eval" not in builtin_names():
+        output.warn(f"bench.prompts: builtin:chat-eval is not shipped in this version; using {FALLBACK_PROMPTS}")
+        spec = FALLBACK_PROMPTS
+    return load_samples(spec, "bench.prompts", base_dir), spec
+
+
+def resolve_api(api: str, samples: list[dict[str, Any]] | None) -> str:
+    if api != "auto":
+        return api
+    if samples is None:
+        return "completions"
+    return "chat" if all("messages" in s for s in samples) else "completions"
+
+
+def build_payloads(bench: Any, base_dir: Path, api: str,
+                   loaded: tuple[list[dict[str, Any]], str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The request bodies of one run (without ``model``) and a description of the workload for the report.
+
+    ``loaded``: the (samples, set used) of :func:`load_prompt_samples` when the caller already read them.
+    """
+    rng = random.Random(bench.seed)
+    common: dict[str, Any] = {"temperature": bench.temperature, "stream": True,
+                              "stream_options": {"include_usage": True}}
+    if bench.prompts == SYNTHETIC:
+        if api == "chat":
+            raise InputError("bench.api: synthetic prompts are token-id lists, which only /v1/completions accepts",
+                             fix="set `bench.api: completions` (or `auto`)")
+        syn = bench.synthetic
+        low, high = syn.token_id_range
+        payloads = []
+        for i in range(bench.num_requests):
+            ids = [rng.randrange(low, high) for _ in range(syn.input_tokens)]
+            payloads.append({**common, "prompt": ids, "max_tokens": syn.output_tokens, "ignore_eos": True,
+                             "seed": bench.seed + i})
+        return payloads, {"prompts": SYNTHETIC, "api": "completions", "input_tokens": syn.input_tokens,
+                          "output_tokens": syn.output_tokens, "ignore_eos": True}
+    samples, used = loaded or load_prompt_samples(bench.prompts, base_dir)
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    payloads = []
+    for i in range(bench.num_requests):
+        sample = samples[order[i % len(order)]]
+        body: dict[str, Any] = {**common, "max_tokens": bench.max_tokens, "seed": bench.seed + i}
+        if bench.ignore_eos:
+            body["ignore_eos"] = True
+        if api == "chat":
+            body["messages"] = sample.get("messages") or [{"role": "user", "content": sample_text(sample)}]
+        else:
+            body["prompt"] = sample_text(sample)
+        payloads.append(body)
+    return payloads, {"prompts": used, "requested_prompts": bench.prompts, "api": api, "samples": len(samples),
+                      "max_tokens": bench.max_tokens, "ignore_eos": bench.ignore_eos}

@@ -1,0 +1,305 @@
+"""The bench stage: interleaved baseline/speculative load runs -> <workdir>/bench/.
+
+Endpoints come from ``--url``/``--baseline-url`` or from servers bench starts for the
+recipe's bundle. Per concurrency level the runs alternate baseline, speculative,
+baseline, speculative (``bench.repeats`` pairs) so machine drift hits both sides
+alike; the speedup is summarised over the pairs. Everything is written through
+``manifest.stage_dir`` so a crashed bench leaves the previous report intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, output
+from ..bench import metrics as M
+from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stream_request
+from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
+from ..bench.workload import Run, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
+from ..errors import CheckFailed, ExternalFailure, InputError
+from ..manifest import manifest_hash, read_manifest, require_manifest, stage_dir, write_json_atomic
+
+STAGE = "bench"
+
+
+@dataclass
+class BenchResult:
+    report: dict[str, Any]
+    bench_dir: Path
+    manifest: dict[str, Any]
+
+    @property
+    def failed_requests(self) -> int:
+        return self.report["failed_requests"]
+
+    @property
+    def gate_failed(self) -> bool:
+        gate = self.report.get("gate")
+        return bool(gate) and not gate["passed"]
+
+
+def bench_dir(recipe: Any) -> Path:
+    return recipe.workdir_path / "bench"
+
+
+def run(
+    bench: Any,
+    out_dir: Path,
+    base_dir: Path,
+    *,
+    recipe: Any = None,
+    recipe_path: Path | None = None,
+    overrides: list[str] | None = None,
+    url: str | None = None,
+    baseline_url: str | None = None,
+    trtllm_bench: bool = False,
+    name: str | None = None,
+) -> BenchResult:
+    """Measure and write the report. ``recipe`` is needed unless ``url`` is given."""
+    engine_dir = recipe.workdir_path / "engine" if recipe is not None else None
+    engine_manifest = None
+    bench_script = None
+    if trtllm_bench:
+        if recipe is None or recipe.runtime.backend != "trtllm":
+            raise InputError("--trtllm-bench runs the bundle's TensorRT-LLM bench.sh: it needs a recipe with "
+                             "`runtime.backend: trtllm`", fix="pass a trtllm recipe, or drop --trtllm-bench")
+        from ..bench.trtllm_bench import require_trtllm_bench
+
+        engine_manifest = require_manifest(engine_dir, "build", "build")
+        bench_script = require_trtllm_bench(engine_dir)  # exit 3 before anything is measured
+    if url is None:
+        if recipe is None:
+            raise InputError("bench needs a recipe or --url", fix="pass RECIPE, or --url http://HOST:PORT")
+        engine_manifest = engine_manifest or require_manifest(engine_dir, "build", "build")
+    if baseline_url and not url:
+        raise InputError("--baseline-url needs --url (the speculative endpoint)", fix="pass both, or neither")
+
+    loaded = load_prompt_samples(bench.prompts, base_dir) if bench.prompts != "synthetic" else None
+    api = resolve_api(bench.api, loaded[0] if loaded else None)
+    payloads, workload = build_payloads(bench, base_dir, api, loaded)
+    inputs = {
+        "bench": bench.model_dump(mode="json"),
+        "url": url,
+        "baseline_url": baseline_url,
+        "engine_manifest": manifest_hash(engine_manifest) if engine_manifest else None,
+        "time": time.time(),  # a measurement is never "up to date"
+    }
+    max_draft_len = recipe.build.max_draft_len if recipe is not None else None
+    with stage_dir(out_dir, STAGE, inputs) as stage:
+        if url is None:
+            from ..bench.servers import recipe_servers
+
+            servers = recipe_servers(recipe, recipe_path, overrides or [], engine_dir, stage.path, bench.startup_timeout_s)
+        else:
+            servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
+        with servers as started:
+            # The reference server names its models after the recipe; trtllm-serve after the target (listed).
+            default_model = recipe.name if (url is None and recipe.runtime.backend == "reference") else None
+            measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
+                                            max_draft_len=max_draft_len))
+        report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
+                           servers=started["servers"])
+        trt = None
+        if bench_script is not None:
+            from ..bench.trtllm_bench import run_trtllm_bench
+
+            trt = run_trtllm_bench(bench_script, stage.path, bench.compare_baseline, bench.run_timeout_s)
+            report["trtllm_bench"] = {k: v for k, v in trt.items() if k != "summaries"} | {"summaries": trt["summaries"]}
+        files = _write(stage.path, report, measured["records"], bench.plots)
+        # Paths point into the staging directory until stage_dir swaps it in: name the final place.
+        report = json.loads(json.dumps(report, default=str).replace(str(stage.path), str(out_dir)))
+        write_json_atomic(stage.path / "report.json", report)
+        stage.finish(
+            artifacts={k: v for k, v in files.items()},
+            summary={"levels": [{"concurrency": lv["concurrency"], "speedup_median": ((lv.get("speedup") or {})
+                                 .get("output_tokens_per_s") or {}).get("median")} for lv in report["levels"]],
+                     "acceptance_length": (report.get("acceptance") or {}).get("acceptance_length"),
+                     "failed_requests": report["failed_requests"], "gate": report.get("gate")},
+        )
+    final = read_manifest(out_dir) or stage.manifest
+    report = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    return BenchResult(report, out_dir, final)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any],
+                   default_model: str | None, max_draft_len: int | None) -> dict[str, Any]:
+    from contextlib import AsyncExitStack
+
+    from ..serving.client import OpenAIClient
+
+    levels = list(bench.concurrency)
+    schedule = interleaved_schedule(levels, bench.repeats, bench.compare_baseline)
+    async with AsyncExitStack() as stack:
+        clients: dict[str, Any] = {}
+
+        def client_for(url: str) -> Any:
+            if url not in clients:
+                clients[url] = OpenAIClient(url, request_timeout_s=bench.request_timeout_s,
+                                            max_connections=max(levels) + 4)
+                stack.push_async_callback(clients[url].aclose)
+            return clients[url]
+
+        endpoints = await _endpoints(client_for, bench, api, started, default_model)
+        metrics_seen = {label: False for label in endpoints}
+        for label, endpoint in endpoints.items():
+            if bench.warmup_requests:
+                output.log(f"bench: {bench.warmup_requests} warm-up request(s) to the {label} endpoint")
+            for i in range(bench.warmup_requests):
+                record = await stream_request(client_for(endpoint.base_url), endpoint, payloads[i % len(payloads)], -1 - i)
+                if record.error:
+                    raise ExternalFailure(f"bench: warm-up request to {endpoint.base_url}{endpoint.path} failed: {record.error}",
+                                          fix="check the server log and that the model name is served (GET /v1/models)")
+        runs: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
+        with output.progress() as bar:
+            task = bar.add_task("bench", total=len(schedule) * len(payloads))
+            for run in schedule:
+                endpoint = endpoints[run.label]
+                client = client_for(endpoint.base_url)
+                bar.update(task, description=run.name)
+                await drain_metrics(client)  # whatever earlier traffic left behind
+                started_at = time.time()
+                recs, duration = await run_load(client, endpoint, payloads, run.concurrency, bench.run_timeout_s,
+                                                on_done=lambda _r: bar.advance(task))
+                items = await drain_metrics(client)
+                metrics_seen[run.label] = metrics_seen[run.label] or items is not None
+                runs.append(_run_entry(run, recs, duration, items, started_at, max_draft_len))
+                for rec in recs:
+                    records.append({"run": run.name, "label": run.label, "concurrency": run.concurrency,
+                                    "repeat": run.repeat, **M.request_metrics(rec)})
+                summary = runs[-1]["summary"]
+                output.log(f"bench: {run.name}: {summary['output_tokens_per_s'] or 0:.1f} tok/s, {summary['failed']} failed")
+    return {"endpoints": endpoints, "metrics_seen": metrics_seen, "schedule": [r.name for r in schedule], "runs": runs,
+            "records": records, "levels": levels, "max_draft_len": max_draft_len}
+
+
+async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any],
+                     default_model: str | None) -> dict[str, Endpoint]:
+    """Model names: the recipe's, the user's, else what ``GET /v1/models`` lists (a second server: its first model;
+    the same server: the ``<model>-baseline`` twin)."""
+    spec_url = started["speculative"].rstrip("/")
+    ids = await list_models(client_for(spec_url))
+    spec_model = bench.model or default_model
+    if spec_model is None and ids:
+        spec_model = next((m for m in ids if not m.endswith("-baseline")), ids[0])
+    endpoints = {"speculative": Endpoint("speculative", spec_url, spec_model, api)}
+    if not bench.compare_baseline:
+        return endpoints
+    base_url = (started.get("baseline") or spec_url).rstrip("/")
+    base_model = bench.baseline_model
+    if base_model is None:
+        if base_url != spec_url:
+            base_ids = await list_models(client_for(base_url))
+            base_model = base_ids[0] if base_ids else None
+        else:
+            twin = f"{spec_model}-baseline" if spec_model else None
+            base_model = twin if twin and (twin in ids or (default_model and not ids)) else None
+            if base_model is None:
+                raise InputError(
+                    f"bench.compare_baseline: {spec_url} serves no baseline twin of '{spec_model}' "
+                    f"(models: {', '.join(ids) or 'none listed'})",
+                    fix="pass --baseline-url for the same target served without speculation, set bench.baseline_model, "
+                    "or --set bench.compare_baseline=false")
+    return {"baseline": Endpoint("baseline", base_url, base_model, api), **endpoints}
+
+
+def _run_entry(run: Run, recs: list[M.RequestRecord], duration: float, items: list[dict[str, Any]] | None,
+               started_at: float, max_draft_len: int | None) -> dict[str, Any]:
+    entry = {"name": run.name, "label": run.label, "concurrency": run.concurrency, "repeat": run.repeat,
+             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+             "summary": M.summarize_run(recs, duration), "acceptance": None, "server_metrics_items": None,
+             "_records": recs, "_items": items}
+    if run.label == "speculative":
+        entry["server_metrics_items"] = len(items) if items is not None else None
+        entry["acceptance"] = (M.acceptance_from_server(items, max_draft_len) if items else None) or M.acceptance_from_chunks(recs)
+    return entry
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], name: str | None,
+              servers: list[dict[str, Any]]) -> dict[str, Any]:
+    runs = measured["runs"]
+    levels = []
+    all_spec_records, all_spec_items, all_records = [], [], []
+    for level in measured["levels"]:
+        entry: dict[str, Any] = {"concurrency": level}
+        for label in ("baseline", "speculative"):
+            mine = [r for r in runs if r["label"] == label and r["concurrency"] == level]
+            if not mine:
+                entry[label] = None
+                continue
+            recs = [rec for r in mine for rec in r["_records"]]
+            all_records.extend(recs)
+            entry[label] = M.summarize_run(recs, sum(r["summary"]["duration_s"] or 0 for r in mine))
+            if label == "speculative":
+                items = [it for r in mine for it in (r["_items"] or [])]
+                all_spec_records.extend(recs)
+                all_spec_items.extend(items)
+                entry["acceptance"] = ((M.acceptance_from_server(items, measured["max_draft_len"]) if items else None)
+                                      or M.acceptance_from_chunks(recs))
+        pairs = []
+        for repeat in range(bench.repeats):
+            b = next((r for r in runs if r["label"] == "baseline" and r["concurrency"] == level and r["repeat"] == repeat), None)
+            s = next((r for r in runs if r["label"] == "speculative" and r["concurrency"] == level and r["repeat"] == repeat), None)
+            if b and s:
+                pairs.append((b["summary"], s["summary"]))
+        entry["speedup"] = M.speedups(pairs, seed=bench.seed) if pairs else None
+        levels.append(entry)
+    acceptance = ((M.acceptance_from_server(all_spec_items, measured["max_draft_len"]) if all_spec_items else None)
+                  or M.acceptance_from_chunks(all_spec_records))
+    gate = None
+    if bench.fail_below_speedup is not None:
+        medians = [(lv["concurrency"], ((lv.get("speedup") or {}).get("output_tokens_per_s") or {}).get("median")) for lv in levels]
+        known = [(c, m) for c, m in medians if m is not None]
+        lowest = min(known, key=lambda cm: cm[1]) if known else (None, None)
+        gate = {"fail_below_speedup": bench.fail_below_speedup, "metric": "output_tokens_per_s median per level",
+                "lowest_level": lowest[0], "lowest_median": lowest[1],
+                "passed": bool(known) and len(known) == len(medians) and lowest[1] >= bench.fail_below_speedup}
+    endpoints = measured["endpoints"]
+    failed = sum(1 for r in all_records if not r.ok)
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "kind": "bench",
+        "name": name,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "specconvert_version": __version__,
+        "definitions": DEFINITIONS,
+        "settings": bench.model_dump(mode="json"),
+        "workload": workload,
+        "endpoints": {label: {"url": ep.base_url, "model": ep.model, "api": ep.api,
+                              "metrics_endpoint": measured["metrics_seen"].get(label, False)}
+                      for label, ep in endpoints.items()} | ({} if "baseline" in endpoints else {"baseline": None}),
+        "servers": servers,
+        "schedule": measured["schedule"],
+        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
+        "levels": levels,
+        "acceptance": acceptance,
+        "client_overhead": M.client_overhead([r for r in all_records if r.ok]),
+        "failed_requests": failed,
+        "gate": gate,
+        "trtllm_bench": None,
+    }
+
+
+def _write(path: Path, report: dict[str, Any], records: list[dict[str, Any]], plots: bool) -> dict[str, str]:
+    files = {"report_json": str(path / "report.json"), "report_md": str(path / "report.md"),
+             "requests_jsonl": str(path / "requests.jsonl")}
+    with open(path / "requests.jsonl", "w", encoding="utf-8") as fh:
+        for row in records:
+            fh.write(json.dumps(row) + "\n")
+    if plots:
+        files.update({f"plot_{k}": v for k, v in write_plots(report, path).items()})
+    report["files"] = files
+    (path / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    return files

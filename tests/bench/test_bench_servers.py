@@ -1,0 +1,101 @@
+"""`specconvert bench RECIPE` starting real servers: the reference server on a tiny bundle (slow: convert + build +
+torch start-up), and the bundle's trtllm serve.sh twice against serve's `trtllm-serve` TEST DOUBLE
+(tests/serving/fake_trtllm_serve.py) on a hand-made bundle (fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.serving.conftest import assert_reaped, built_bundle  # noqa: F401  (session fixture: one tiny bundle)
+
+SERVING = Path(__file__).parent.parent / "serving"
+SMALL = {"num_requests": 2, "concurrency": [1], "repeats": 1, "max_tokens": 8, "warmup_requests": 1, "plots": False,
+         "prompts": "builtin:bench-smoke", "startup_timeout_s": 120, "request_timeout_s": 60}
+
+
+def project(built_bundle, tmp_path, monkeypatch, backend):  # noqa: F811
+    root, recipe = built_bundle
+    shutil.copytree(root / "work" / "engine", tmp_path / "work" / "engine", symlinks=True)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    data = {**recipe, "runtime": {**recipe["runtime"], "backend": backend}, "bench": SMALL}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_bench_recipe_starts_the_reference_server_and_reaps_it(cli, built_bundle, tmp_path, monkeypatch):  # noqa: F811
+    recipe = project(built_bundle, tmp_path, monkeypatch, "reference")
+    result = cli("bench", recipe)
+    assert result.code == 0, result.stderr
+    report = json.loads((tmp_path / "work" / "bench" / "report.json").read_text())
+    assert report["endpoints"]["speculative"]["model"] == "tiny-serve"
+    assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
+    assert report["failed_requests"] == 0
+    # The reference server's /perf_metrics: exact acceptance with per-position rates for max_draft_len 3.
+    acc = report["acceptance"]
+    assert acc["estimate"] is False and acc["source"] == "server"
+    assert acc["acceptance_length"] >= 1.0 and len(acc["per_position"]) == 3
+    lines = [json.loads(line) for line in (tmp_path / "work" / "bench" / "requests.jsonl").read_text().splitlines()]
+    assert {r["token_count_source"] for r in lines} == {"token_ids"}
+    assert all(r["output_tokens"] >= 1 for r in lines)
+    (server,) = report["servers"]
+    assert Path(server["log"]).is_file() and server["log"].startswith(str(tmp_path / "work" / "bench"))
+    assert_reaped([server["pid"]])
+
+
+def trtllm_bundle(tmp_path: Path) -> Path:
+    """The files bench reads from a trtllm bundle, written by the same launch helpers build uses."""
+    from specconvert.backends import launch
+    from specconvert.recipe import BuildSpec, RuntimeSpec
+
+    trt = tmp_path / "work" / "engine" / "trtllm"
+    trt.mkdir(parents=True)
+    (trt.parent / "manifest.json").write_text(json.dumps({"stage": "build", "fingerprint": "x"}))
+    launch.write_executable(trt / "serve.sh", launch.trtllm_serve(str(tmp_path / "target"), BuildSpec(), RuntimeSpec(), "t"))
+    (trt / "llm_api_options.yaml").write_text(yaml.safe_dump({
+        "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3},
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.85}}))
+    (trt / "baseline.yaml").write_text(yaml.safe_dump({"kv_cache_config": {"free_gpu_memory_fraction": 0.85}}))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "t", "workdir": "work", "target": {"model": str(tmp_path / "target")},
+                                      "draft": {"init": "random"}, "runtime": {"backend": "trtllm"}, "bench": SMALL}))
+    return recipe
+
+
+def test_bench_trtllm_recipe_runs_both_servers_at_once(cli, tmp_path, monkeypatch):
+    recipe = trtllm_bundle(tmp_path)
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "trtllm-serve"
+    exe.write_text(f"#!{sys.executable}\n" + (SERVING / "fake_trtllm_serve.py").read_text())
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv_log = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("FAKE_TRTLLM_ARGV_LOG", str(argv_log))
+    result = cli("bench", recipe)
+    assert result.code == 0, result.stderr
+    out = tmp_path / "work" / "bench"
+    report = json.loads((out / "report.json").read_text())
+    assert [s["label"] for s in report["servers"]] == ["speculative", "baseline"]
+    assert report["endpoints"]["speculative"]["url"] != report["endpoints"]["baseline"]["url"]
+    # Both up at once, each on half the bundle's KV-cache memory fraction.
+    for label in ("speculative", "baseline"):
+        options = yaml.safe_load((out / f"{label}_options.yaml").read_text())
+        assert options["kv_cache_config"]["free_gpu_memory_fraction"] == pytest.approx(0.85 / 2, abs=1e-3)
+    assert "speculative_config" in (out / "speculative_options.yaml").read_text()
+    assert "speculative_config" not in (out / "baseline_options.yaml").read_text()
+    # TensorRT-LLM's perf_metrics shape: an exact rate, a length estimated with max_draft_len, no per-position rates.
+    acc = report["acceptance"]
+    assert acc["source"] == "server" and acc["estimate"] is True and "assuming 3" in acc["note"]
+    assert acc["per_position"] is None and acc["acceptance_rate"] == pytest.approx(0.5)
+    assert len(argv_log.read_text().splitlines()) == 2
+    assert_reaped([s["pid"] for s in report["servers"]])
