@@ -134,6 +134,10 @@ def test_extra_option_cannot_override_generated_keys(project, cli):
     assert result.code == 2 and "generated from the recipe" in result.err
 
 
-def test_return_perf_metrics_known_only_where_verified(project, cli):
-    assert build(cli, project, "build.extra_llm_api_options={return_perf_metrics: true}", version="1.2").code == 2
-    assert build(cli, project, "build.extra_llm_api_options={return_perf_metrics: true}", version="1.4.0rc4").code == 0
+def test_perf_metrics_are_emitted_for_every_version(project, cli):
+    # trtllm-serve serves /perf_metrics (what serve-test and bench read) only with both keys set.
+    for version in ("1.2", "1.3.0rc27", "1.4.0rc4"):
+        assert build(cli, project, "build.extra_llm_api_options={return_perf_metrics: false}", version=version).code == 2
+    assert build(cli, project, version="1.2").code == 0
+    written = options(project)
+    assert written["return_perf_metrics"] is True and written["perf_metrics_max_requests"] > 0

@@ -25,6 +25,10 @@ class OptionSpellingError(RuntimeError):
     """specconvert itself emitted a key the targeted TensorRT-LLM version does not know (a bug)."""
 
 
+# Requests whose metrics trtllm-serve keeps for /perf_metrics (emptied on each read).
+PERF_METRICS_MAX_REQUESTS = 1024
+
+
 @lru_cache(maxsize=None)
 def option_names(family: str) -> dict[str, Any]:
     """The option-name data of one version line (with its sources)."""
@@ -120,8 +124,11 @@ def llm_api_options(
     )
     if build.sampler != "auto":
         options["sampler_type"] = {"torch": "TorchSampler", "trtllm": "TRTLLMSampler"}[build.sampler]
-    # Acceptance statistics (specDecodingStats) come with the iteration stats.
+    # Acceptance statistics (specDecodingStats) come with the iteration stats; trtllm-serve's
+    # per-request /perf_metrics (what serve-test and bench read) needs both keys below.
     options["enable_iter_perf_stats"] = True
+    options["return_perf_metrics"] = True
+    options["perf_metrics_max_requests"] = PERF_METRICS_MAX_REQUESTS
     if speculative is not None:
         options["speculative_config"] = speculative
 
