@@ -183,6 +183,12 @@ def worker(args) -> dict:
     prompts = _prompt_ids(tok, args.prompts)
     with torch.inference_mode():
         run(prompts[0], 8)  # warm-up, not timed
+        # Loading (fp32 file -> dtype copy) sets the same peak for every config; reset the
+        # high-water mark so the decode peak (model resident + caches + head) is measured on its own.
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
         total_tokens, total_time, accepted, depths, phases, outputs, spec_steps = 0, 0.0, [], [], {}, [], 0
         for ids in prompts:
             t0 = time.perf_counter()
@@ -201,7 +207,14 @@ def worker(args) -> dict:
         round(sum(1 for a, d in zip(accepted, depths) if d > i and a > i) / max(1, sum(1 for d in depths if d > i)), 3)
         for i in range(max_depth)
     ]
+    decode_peak = None
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                decode_peak = round(int(line.split()[1]) / 1024, 1)
     return {
+        "decode_peak_rss_mb": decode_peak,
         "config": args.worker, "dtype": args.dtype, "tokens": total_tokens, "seconds": round(total_time, 3),
         "tokens_per_second": round(total_tokens / total_time, 2),
         "tau": round(sum(a + 1 for a in accepted) / len(accepted), 3) if accepted else 1.0,
@@ -268,8 +281,9 @@ def main() -> None:
 
 def report(results: list[dict]) -> None:
     by = {(r["dtype"], r["config"]): r for r in results}
-    print("| dtype | config | tok/s | vs generate | vs baseline | tau | per-position acceptance | peak RSS MB (x gen) | same tokens as generate |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | config | tok/s | vs generate | vs baseline | tau | per-position acceptance | peak RSS MB incl. load (x gen) "
+          "| decode peak RSS MB (x gen) | same tokens as generate |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         gen, base = by.get((r["dtype"], "hf-generate")), by.get((r["dtype"], "ref-baseline"))
         vs_gen = f"{r['tokens_per_second'] / gen['tokens_per_second']:.2f}x" if gen else "-"
@@ -278,8 +292,10 @@ def report(results: list[dict]) -> None:
         same = "-" if not gen else ("yes" if r["outputs"] == gen["outputs"] else
                                     f"{sum(a == b for a, b in zip(r['outputs'], gen['outputs']))}/{len(r['outputs'])}")
         per_pos = ", ".join(f"{x:.2f}" for x in r["per_position_acceptance"]) or "-"
+        dec_rss = "-" if r.get("decode_peak_rss_mb") is None else f"{r['decode_peak_rss_mb']:.0f}" + (
+            f" ({r['decode_peak_rss_mb'] / gen['decode_peak_rss_mb']:.2f})" if gen and gen.get("decode_peak_rss_mb") else "")
         print(f"| {r['dtype']} | {r['config']} | {r['tokens_per_second']:.2f} | {vs_gen} | {vs_base} | {r['tau']:.2f} | "
-              f"{per_pos} | {rss} | {same} |")
+              f"{per_pos} | {rss} | {dec_rss} | {same} |")
     print()
     print("Per speculative step (ms): " + "; ".join(
         f"{r['dtype']} {r['config']}: " + ", ".join(f"{k} {v}" for k, v in r["phase_ms_per_step"].items())
