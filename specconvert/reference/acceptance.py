@@ -82,11 +82,11 @@ def verify_sampling(
     cur = 0
     path = [0]
     tokens: list[int] = []
-    children = tree.children_lists()
-    while True:
+    parent_v = tree.parents + 1
+    while True:  # one iteration per depth; siblings are tried in draft-score order
         p = probs[cur].clone()
         accepted_child = -1
-        for child in children[cur]:
+        for child in ((parent_v == cur).nonzero().flatten() + 1).tolist():
             x = int(tree.tokens[child - 1])
             total = float(p.sum())
             px = float(p[x]) / total if total > 0 else 0.0

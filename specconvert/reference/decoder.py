@@ -64,6 +64,7 @@ class Step:
     draft_time_s: float
     verify_time_s: float
     finished: str | None = None  # "stop" | "length" when this step ends the request
+    phases: dict[str, float] | None = None  # spec steps: draft, target_forward, accept, cache_update, commit (s)
 
 
 @dataclass
@@ -230,6 +231,18 @@ class ReferenceDecoder:
         toks = [t for step in self._plain(prompt, n_tokens, greedy, torch.Generator(), stop=()) for t in step.token_ids]
         return prompt.tolist() + toks
 
+    def _oracle_resync(self, text: list[int], n_tokens: int) -> None:
+        """Verification's numerics (many tokens per forward) can pick a different argmax than the
+        one-token path at a near-tie (bf16); the oracle then re-derives the continuation of the
+        text actually emitted, on a side cache, outside the timed region."""
+        t0 = time.perf_counter()
+        saved = self.target.cache
+        try:
+            self._oracle.sequence = self._oracle_sequence(torch.tensor(text), n_tokens)
+        finally:
+            self.target.cache = saved
+        self.oracle_prep_time_s += time.perf_counter() - t0
+
     def stream(self, prompt_ids: Sequence[int], max_new_tokens: int, settings: DecodeSettings | None = None) -> Iterator[Step]:
         """Yield one :class:`Step` per target forward, with the tokens it emitted."""
         settings = settings or DecodeSettings()
@@ -305,9 +318,12 @@ class ReferenceDecoder:
         yield Step("prefill", toks, 0, 0, 0, draft_t, dt, fin)
         emitted, pos, root = 1, prompt.numel(), tok
         zero = torch.zeros(1, dtype=torch.long)
+        text = prompt.tolist() + [tok]  # oracle only: what has been emitted so far
         while fin is None:
-            t0 = time.perf_counter()
             step_shape = shape.capped(max_new - emitted - 1)
+            if oracle is not None and oracle.sequence[: len(text)] != text:
+                self._oracle_resync(text, step_shape.depth + max_new - emitted)
+            t0 = time.perf_counter()
             if eagle is not None:
                 tree = eagle.draft(step_shape)
             else:
@@ -318,10 +334,12 @@ class ReferenceDecoder:
             positions = pos + torch.cat((zero, tree.depths))
             out = target.forward(ids, positions, tree_mask=tree.ancestors if tree.size else None, capture=eagle is not None)
             logits = out.logits.cpu()
+            t_fwd = time.perf_counter()
             if settings.greedy:
                 verdict = verify_greedy(tree, logits)
             else:
                 verdict = verify_sampling(tree, logits, settings.temperature, settings.top_k, settings.top_p, gen)
+            t_acc = time.perf_counter()
             target.keep(pos, verdict.path)
             self._sync()
             t2 = time.perf_counter()
@@ -333,8 +351,12 @@ class ReferenceDecoder:
             t3 = time.perf_counter()
             pos += verdict.path.numel()
             root = verdict.tokens[-1]
+            if oracle is not None:
+                text += verdict.tokens
             depth = int(tree.depths.max()) if tree.size else 0
-            yield Step("spec", toks, verdict.accepted, depth, tree.size, (t1 - t0) + (t3 - t2), t2 - t1, fin)
+            phases = {"draft": t1 - t0, "target_forward": t_fwd - t1, "accept": t_acc - t_fwd,
+                      "cache_update": t2 - t_acc, "commit": t3 - t2}
+            yield Step("spec", toks, verdict.accepted, depth, tree.size, (t1 - t0) + (t3 - t2), t2 - t1, fin, phases)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, settings: DecodeSettings | None = None) -> GenerateResult:
         """Run :meth:`stream` to the end and summarise it."""

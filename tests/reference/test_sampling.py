@@ -8,8 +8,8 @@ import torch
 from specconvert.reference import DecodeSettings, DraftTree
 from specconvert.reference.acceptance import verify_sampling, warp_logits
 
-N = 20000
-TV_BOUND = 0.03  # sampling noise for these sizes is ~0.006
+N = 10000
+TV_BOUND = 0.03  # sampling noise for these sizes is ~0.008; the wrong rule below is off by ~0.18
 
 
 def _tv(samples: torch.Tensor, p: torch.Tensor) -> float:
@@ -69,6 +69,7 @@ def test_warping_matches_transformers(temperature, top_k, top_p):
     torch.testing.assert_close(got.softmax(-1), ref.softmax(-1))
 
 
+@pytest.mark.slow
 def test_decoder_sampling_distribution_matches_target(oracle_dec):
     """End to end on the tiny target: the second token (the first one decided by tree
     verification) follows the target's next-token distribution given the first."""
