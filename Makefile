@@ -9,7 +9,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_QUIET ?= -q
 
-.PHONY: env demo test test-fast test-compat bench-cli bench-convert clean
+.PHONY: env demo test test-fast test-compat bench-cli bench-convert bench-decode bench-demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +53,12 @@ clean:
 
 bench-convert: $(STAMP)
 	$(VPY) benchmarks/bench_convert.py
+
+# Reference decoder on SmolLM2: HF generate vs baseline vs EAGLE-3 (random head, oracle), bf16 and fp32.
+# BENCH_ARGS="--threads 1" on a busy machine; "--workdir runs/NAME" to use convert's trained head.
+bench-decode: $(STAMP)
+	$(VPY) benchmarks/bench_decode.py $(BENCH_ARGS)
+
+# The latency benchmark of the default recipe (speculative vs baseline through the reference server).
+bench-demo: $(STAMP)
+	$(VENV)/bin/specconvert bench $(RECIPE)

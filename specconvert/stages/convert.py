@@ -167,6 +167,10 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
                 "draft_vocab_size": draft_section["draft_vocab_size"],
                 "rope_export": draft_section["rope_export"],
                 "export_dtype": draft_section["dtype"],
+                # How the first draft layer normalises the target feature: `eagle3` = hidden_norm(h),
+                # what TensorRT-LLM, vLLM, SGLang and EAGLE compute (Model Optimizer's training module
+                # computes hidden_norm(input_layernorm(h)); see docs/reference_decoder.md).
+                "draft_norm_layout": "eagle3",
             },
             checks=checks,
             warnings=p.warnings,
