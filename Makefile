@@ -27,6 +27,10 @@ demo: $(STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
 	$(VENV)/bin/specconvert convert $(RECIPE)
 	$(VENV)/bin/specconvert build $(RECIPE)
+	# The default head is untrained (acceptance ~0), so serve-test checks the serving path with the
+	# oracle drafter (lossless + maximum acceptance); bench measures the real head honestly.
+	$(VENV)/bin/specconvert serve-test $(RECIPE) --drafter oracle
+	$(VENV)/bin/specconvert bench $(RECIPE) --set bench.num_requests=4 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]"
 
 test: $(STAMP)
 	$(VPY) -m pytest -q
