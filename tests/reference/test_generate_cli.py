@@ -13,22 +13,12 @@ from .conftest import EOS, hf_greedy, write_workdir
 
 
 @pytest.fixture
-def run_cli(capsys, monkeypatch):
-    from specconvert import output
-    from specconvert.cli import main
-
-    monkeypatch.setenv("SPECCONVERT_DEBUG", "0")
+def run_cli(cli):
+    """The shared ``cli`` runner (tests/conftest.py), returning (code, stdout, stderr)."""
 
     def run(*args):
-        output.set_mode(False, False)
-        capsys.readouterr()
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return code, out, err
+        result = cli(*args)
+        return result.code, result.stdout, result.stderr
 
     return run
 
