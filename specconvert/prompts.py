@@ -19,8 +19,22 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in _BUILTIN_DIR.glob("*.jsonl"))
 
 
+PYTHON_DOCS = "python:docs"
+
+
+def _python_docs() -> list[dict[str, Any]]:
+    """The Python documentation topics every CPython ships (``pydoc_data``): English prose and code, offline."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data
+        raise InputError(f"{PYTHON_DOCS}: this Python has no pydoc_data module", fix="use a text file instead") from None
+    return [{"text": topics[name]} for name in sorted(topics)]
+
+
 def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
     """Samples as dicts with one of ``text`` / ``prompt`` / ``messages``."""
+    if spec == PYTHON_DOCS:
+        return _python_docs()
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         path = _BUILTIN_DIR / f"{name}.jsonl"

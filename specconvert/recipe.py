@@ -42,6 +42,70 @@ class TargetSpec(_Strict):
     )
 
 
+class TrainSpec(_Strict):
+    """Train a new EAGLE-3 head with Model Optimizer (self-distillation from the target)."""
+
+    prompts: str = Field(
+        "builtin:chat-train",
+        description="Training prompts: `builtin:NAME` or a JSONL file of `{\"messages\": [...]}` (chat template applied "
+        "when the tokenizer has one) or `{\"prompt\": ...}`. Never the evaluation set.",
+    )
+    synthesize: bool = Field(
+        True,
+        description="Generate the responses with the target itself (greedy, batched, cached on disk by fingerprint, "
+        "resumable). The head then learns what the target really says. `false`: use the `assistant` turns in the file.",
+    )
+    max_new_tokens: int = Field(128, ge=1, le=8192, description="Longest synthesized response, in tokens.")
+    synthesis_batch_size: int = Field(32, ge=1, le=4096, description="Prompts generated together (left-padded) during synthesis.")
+    texts: list[str] = Field(
+        default_factory=list,
+        description="Extra teacher-forced text (`builtin:NAME`, JSONL or plain-text files, or `python:docs`: the Python "
+        "documentation topics every CPython ships, ~120k tokens of prose and code): one target forward per chunk "
+        "(~7x cheaper per token than synthesis), loss on every token. More varied data for the same minutes.",
+    )
+    draft_vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="Draft vocabulary: the most frequent target tokens of the training data (d2t calibration). "
+        "Default `draft.draft_vocab_size`, else the target's full vocabulary.",
+    )
+    steps: int | None = Field(None, ge=1, description="Optimizer steps; give this or `epochs` (default 1 epoch when neither).")
+    epochs: float | None = Field(None, gt=0, description="Passes over the training data (fractional allowed); give this or `steps`.")
+    batch_size: int = Field(8, ge=1, description="Sequences per optimizer step.")
+    lr: float = Field(3.0e-4, gt=0, description="Peak AdamW learning rate (linear warm-up over the first 5%, cosine decay to 10% over the steps or the `max_minutes` budget, whichever ends first).")
+    seq_len: int = Field(512, ge=8, description="Longest training sequence in tokens (longer ones are truncated).")
+    max_minutes: float | None = Field(
+        None, gt=0, description="Wall-clock budget of the training loop: stop cleanly at it and keep the best checkpoint."
+    )
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel processes: >1 makes `convert` re-launch itself under `torchrun --standalone "
+        "--nproc-per-node N` (one process per GPU; gloo on CPU). `batch_size` is per process.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Training dtype of the head: `auto` = bfloat16 on CUDA, float32 on CPU (faster on CPUs without bf16 units)."
+    )
+    ttt_steps: int = Field(3, ge=1, le=8, description="Training-time-test steps (Model Optimizer `eagle_ttt_steps`): how many draft positions are trained.")
+    checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints (an interrupted run resumes from the last one) and held-out evaluations.")
+    holdout_fraction: float = Field(
+        0.05, ge=0, lt=0.5, description="Share of training sequences held out to pick the best checkpoint (held-out draft accuracy)."
+    )
+    eval_prompts: str | None = Field(
+        "builtin:chat-eval",
+        description="Held-out prompts for the acceptance measurement with the reference decoder after training; null to skip.",
+    )
+    eval_samples: int = Field(16, ge=1, description="Evaluation prompts used (the first N).")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
+    seed: int = Field(0, description="Seed of data order, head init and holdout split.")
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> "TrainSpec":
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give one of draft.train.steps and draft.train.epochs, not both")
+        return self
+
+
 class DraftSpec(_Strict):
     """The EAGLE-3 draft head."""
 
@@ -70,6 +134,11 @@ class DraftSpec(_Strict):
         description="`random`: a fresh, untrained head sized to the target, for plumbing tests only "
         "(acceptance will be ~0). Never chosen silently.",
     )
+    train: TrainSpec | None = Field(
+        None,
+        description="Train a new head from the target's own outputs with Model Optimizer (see docs/training.md); "
+        "`convert` then trains instead of importing, and measures acceptance on held-out prompts.",
+    )
     num_layers: int = Field(1, ge=1, description="Decoder layers of a new (random or trained) head.")
     draft_vocab_size: int | None = Field(
         None, ge=1, description="Draft vocabulary of a new head; default: the target's vocabulary."
@@ -77,13 +146,14 @@ class DraftSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DraftSpec":
-        sources = [name for name, on in (("model", self.model), ("init", self.init)) if on]
+        sources = [name for name, on in (("model", self.model), ("train", self.train), ("init", self.init)) if on]
         if len(sources) == 0:
             raise ValueError(
-                "no head given. Add `draft.model: <folder or hub id>`, or `draft.init: random` for a plumbing test"
+                "no head given. Add `draft.model: <folder or hub id>`, a `draft.train:` block to train one, "
+                "or `draft.init: random` for a plumbing test"
             )
         if len(sources) > 1:
-            raise ValueError(f"give exactly one of draft.model, draft.init (got {', '.join(sources)})")
+            raise ValueError(f"give exactly one of draft.model, draft.train, draft.init (got {', '.join(sources)})")
         return self
 
 

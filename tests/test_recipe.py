@@ -40,7 +40,7 @@ def test_defaults_filled_and_workdir_relative_to_file(tmp_path):
         (MINIMAL + "quantize:\n  format: int3\n", "quantize.format: Input should be 'none', 'fp8', 'int4_awq' or 'nvfp4'"),
         ("name: x\ntarget:\n  model: a\ndraft: {}\n", "draft: no head given"),
         ("name: x\ndraft:\n  init: random\n", "target: required key is missing"),
-        (MINIMAL.replace("init: random", "init: random\n  model: ./head"), "give exactly one of draft.model, draft.init"),
+        (MINIMAL.replace("init: random", "init: random\n  model: ./head"), "give exactly one of draft.model, draft.train, draft.init (got model, init)"),
     ],
 )
 def test_bad_recipes_name_the_key_and_the_fix(tmp_path, text, expected):

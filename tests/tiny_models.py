@@ -19,8 +19,12 @@ def byte_tokenizer():
     return fast
 
 
-def write_tiny_target(directory: Path, seed: int = 0, **overrides) -> Path:
-    """Save a seeded tiny Llama (sizes of tests.helpers.heads.TINY) with its tokenizer."""
+def write_tiny_target(directory: Path, seed: int = 0, logit_scale: float = 1.0, **overrides) -> Path:
+    """Save a seeded tiny Llama (sizes of tests.helpers.heads.TINY) with its tokenizer.
+
+    ``logit_scale`` multiplies the lm_head: a random model's next-token distribution is
+    nearly flat, a scaled one is peaked like a trained model's (what a draft head learns).
+    """
     import torch
     from transformers import LlamaForCausalLM
 
@@ -29,6 +33,9 @@ def write_tiny_target(directory: Path, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
     config = target_config(**overrides)
     model = LlamaForCausalLM(config)
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
     model.config.architectures = ["LlamaForCausalLM"]
     model.save_pretrained(directory, safe_serialization=True)
     byte_tokenizer().save_pretrained(directory)

@@ -22,12 +22,22 @@ def convert(
     quiet: QuietOpt = False,
 ) -> None:
     """Attach/import an EAGLE-3 head with Model Optimizer, optionally quantize, export the canonical pair."""
+    import os
+
     from .. import output
     from ..stages import convert as stage
 
-    loaded = start(recipe, set_, json_out, quiet)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    loaded = start(recipe, set_, json_out and rank == 0, quiet or rank != 0)
+    train = loaded.draft.train
+    if train is not None and train.num_processes > 1 and "WORLD_SIZE" not in os.environ:
+        args = [str(recipe)] + [x for value in (set_ or []) for x in ("--set", value)]
+        args += [flag for flag, on in (("--force", force), ("--allow-pickle", allow_pickle), ("--json", json_out), ("--quiet", quiet)) if on]
+        raise typer.Exit(_relaunch(train.num_processes, args))
     with output.libraries_to_stderr():
         manifest, skipped = stage.run(loaded, force=force, allow_pickle=allow_pickle)
+    if rank != 0:
+        return
     if json_out:
         output.emit_json("convert", {"skipped": skipped, "stage_dir": str(stage.stage_path(loaded)), "manifest": manifest})
         return
@@ -50,6 +60,22 @@ def convert(
             ("time", f"{manifest['timings']['total_s']:.1f} s"),
         ],
     )
+
+
+def _relaunch(processes: int, args: list[str]) -> int:
+    """Run this convert again under torchrun, one process per device (draft.train.num_processes)."""
+    import subprocess
+    import sys
+
+    from .. import output
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", "specconvert", "convert", *args]
+    output.log(f"draft.train.num_processes={processes}: launching {' '.join(command[1:])}")
+    try:
+        return subprocess.run(command).returncode
+    except KeyboardInterrupt:
+        return 130
 
 
 def register(app: typer.Typer) -> None:

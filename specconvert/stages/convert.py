@@ -88,6 +88,10 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
     else:
         from ..backends.modelopt.eagle import default_aux_layer_ids
 
+        if recipe.draft.train is not None:
+            from ..training.pipeline import preflight
+
+            preflight(recipe, info.vocab_size)
         n_aux, head_aux = len(default_aux_layer_ids(info.num_hidden_layers)), None
         if recipe.draft.aux_layers != "auto":
             n_aux = len(recipe.draft.aux_layers)
@@ -128,7 +132,16 @@ def fingerprint_inputs(recipe: Recipe, p: ConvertPlan, allow_pickle: bool) -> di
         "draft_files": tree_fingerprint(p.head_source.path) if p.head_source else None,
         "allow_pickle": allow_pickle,
         "modelopt": modelopt_version(),
+        "train_data": _train_data_fingerprint(recipe),
     }
+
+
+def _train_data_fingerprint(recipe: Recipe) -> dict[str, str] | None:
+    if recipe.draft.train is None:
+        return None
+    from ..training.pipeline import data_fingerprint
+
+    return data_fingerprint(recipe)
 
 
 def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tuple[dict[str, Any], bool]:
@@ -152,9 +165,14 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
             "the baseline. Use it for plumbing tests only; give draft.model for a real head."
         )
     timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
     with stage_dir(final, STAGE, inputs) as staging:
         target_section = _write_target(recipe, p, staging.path / "target", timings)
-        draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings)
+        draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings, trained)
+        extra = {}
+        if trained is not None:
+            extra["training"] = trained.manifest_section()
+            extra["training"]["evaluation"] = _evaluate(recipe, p, target_section["dir"], staging.path / "draft", timings)
         manifest = staging.finish(
             artifacts={"target_dir": str(target_section.pop("dir")), "draft_dir": str(staging.path / "draft")},
             target=target_section,
@@ -175,8 +193,53 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
             checks=checks,
             warnings=p.warnings,
             timings=timings,
+            **extra,
         )
     return staging.manifest, False
+
+
+def _train(recipe: Recipe, p: ConvertPlan, target_fingerprint: Any, timings: dict[str, float]):
+    from ..training.pipeline import train_head
+    from ..training.data import fingerprint
+
+    from ..training import distributed
+
+    t0 = time.perf_counter()
+    trained = train_head(recipe, p.target.path, fingerprint(target_fingerprint), _device(recipe), p.dtype, p.aux_layer_ids)
+    timings["train_s"] = round(time.perf_counter() - t0, 3)
+    world = distributed.current()
+    distributed.finish(world)
+    if not world.main:
+        # Data-parallel launch: every process holds the same head; process 0 exports it.
+        raise SystemExit(0)
+    return trained
+
+
+def _evaluate(recipe: Recipe, p: ConvertPlan, target_dir: Path, draft_dir: Path, timings: dict[str, float]) -> dict[str, Any] | None:
+    """tau of the trained head on held-out prompts: the chain of the build and a dynamic tree."""
+    from ..training.data import load_prompt_samples
+    from ..training.evaluate import measure
+
+    train = recipe.draft.train
+    if not train.eval_prompts:
+        return None
+    tree = recipe.build.tree.model_dump() if recipe.build.tree else {"top_k": 8, "depth": 5, "total_tokens": 32}
+    shapes = {f"chain-{recipe.build.max_draft_len}": {"max_draft_len": recipe.build.max_draft_len},
+              f"tree-{tree['top_k']}x{tree['depth']}-{tree['total_tokens']}": {"tree": tree}}
+    t0 = time.perf_counter()
+    n = min(train.eval_samples, len(load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)))
+    with output.progress() as bar:
+        task = bar.add_task("measure acceptance (reference decoder, held-out prompts)", total=n * (1 + len(shapes)))
+        report = measure(Path(target_dir), draft_dir, p.aux_layer_ids, train.eval_prompts, recipe.base_dir, train.eval_samples,
+                         train.eval_max_new_tokens, shapes, device=_device(recipe), dtype=p.dtype,
+                         on_prompt=lambda: bar.advance(task))
+    timings["eval_s"] = round(time.perf_counter() - t0, 3)
+    for name, entry in report["shapes"].items():
+        output.check(entry["identical_to_plain"],
+                     f"held-out {name}: tau {entry['acceptance_length']:.2f}, per position {entry['per_position_acceptance']}, "
+                     f"{entry['tokens_per_second']:.1f} tok/s vs plain {report['baseline_tokens_per_second']:.1f} "
+                     f"({entry['speedup_vs_plain']}x), output identical to plain: {entry['identical_to_plain']}")
+    return report
 
 
 # --------------------------------------------------------------------------- target
@@ -307,7 +370,7 @@ def _skeleton(recipe: Recipe, p: ConvertPlan):
     return model
 
 
-def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> tuple[dict[str, Any], list[dict]]:
+def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], trained: Any = None) -> tuple[dict[str, Any], list[dict]]:
     from ..backends.modelopt import eagle
 
     torch = require("torch")
@@ -316,6 +379,9 @@ def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, f
     if p.head is not None:
         arch = _arch_from_head(p.head.arch)
         export_dtype = getattr(torch, p.head.arch.dtype)
+    elif trained is not None:
+        arch = trained.arch
+        export_dtype = getattr(torch, p.dtype)
     else:
         arch = eagle.EagleArch.for_target(model.config, recipe.draft.draft_vocab_size, recipe.draft.num_layers)
         export_dtype = getattr(torch, p.dtype)
@@ -331,6 +397,9 @@ def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, f
                 # the canonical layout leaves it out (runtimes take the target's).
                 model.lm_head.to_empty(device="cpu")
             eagle.load_head(model, tensors)
+        elif trained is not None:
+            drop_lm_head = False
+            eagle.load_head(model, trained.tensors)
         else:
             drop_lm_head = False
             _random_init(model, seed=0)
@@ -341,14 +410,18 @@ def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, f
             _drop_tensor(out / "model.safetensors", "lm_head.weight")
         bar.advance(task)
     timings["draft_s"] = round(time.perf_counter() - t0, 3)
-    checks = verify_draft(out, p, expect=p.head.tensors if p.head is not None else None)
+    expect = p.head.tensors if p.head is not None else None
+    if trained is not None:
+        expect = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in trained.tensors.items()}
+    checks = verify_draft(out, p, expect=expect)
     config = json.loads((out / "config.json").read_text())
     section = {
         "source": p.head_source.spec if p.head_source else None,
         "source_path": str(p.head_source.path) if p.head_source else None,
         "layout": p.head_layout,
         "init": recipe.draft.init,
-        "trained": p.head is not None,
+        "trained": p.head is not None or trained is not None,
+        "trained_here": trained is not None,
         "draft_vocab_size": config.get("draft_vocab_size") or config.get("vocab_size"),
         "num_hidden_layers": config.get("num_hidden_layers"),
         "max_position_embeddings": config.get("max_position_embeddings"),

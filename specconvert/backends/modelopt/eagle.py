@@ -131,13 +131,19 @@ def convert_config(arch: EagleArch, aux_layer_ids: list[int], target_config: Any
     return cfg
 
 
-def attach_eagle(model: Any, arch: EagleArch, aux_layer_ids: list[int]) -> Any:
-    """``mtsp.convert`` the target in place with an EAGLE-3 head of ``arch``."""
+def attach_eagle(model: Any, arch: EagleArch, aux_layer_ids: list[int], training: dict[str, Any] | None = None) -> Any:
+    """``mtsp.convert`` the target in place with an EAGLE-3 head of ``arch``.
+
+    ``training`` adds Model Optimizer training options, e.g. ``{"eagle_offline": True,
+    "eagle_ttt_steps": 3}`` (offline: the target's layers are dropped and its outputs
+    are passed in as ``base_model_outputs``).
+    """
     mtsp = require("modelopt.torch.speculative", purpose="attach an EAGLE-3 head")
     gen = generation()
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
     cfg = convert_config(arch, aux_layer_ids, model.config, gen)
+    cfg.update(training or {})
     try:
         mtsp.convert(model, [("eagle", cfg)])
     except (AssertionError, ValueError, TypeError) as exc:

@@ -1,0 +1,14 @@
+"""Training a new EAGLE-3 head for a target (recipe block ``draft.train``).
+
+- :mod:`.data`: training sequences (token ids + response-only loss masks): prompts
+  answered by the target itself (batched greedy synthesis, cached and resumable)
+  plus teacher-forced text.
+- :mod:`.vocab`: draft-vocabulary calibration (``d2t``) from token frequencies.
+- :mod:`.trainer`: the loop over Model Optimizer's EAGLE-3 training forward in its
+  offline mode (target features computed here, once, and reused across epochs),
+  with checkpoints, resume, a wall-clock budget and best-checkpoint selection.
+- :mod:`.evaluate`: acceptance of the trained head on held-out prompts, measured
+  with the reference decoder.
+
+Heavy imports (torch, transformers, modelopt) happen inside functions.
+"""

@@ -1,0 +1,181 @@
+"""``draft.train`` end to end, for the convert stage: data, draft vocabulary, training.
+
+Everything reusable lives under ``<workdir>/cache/train/``: the synthesis cache
+(JSONL, appended batch by batch) and the training checkpoint (named by a fingerprint
+of the data and the settings that shape the run; the budget and the evaluation
+settings are left out, so a rerun with a larger ``max_minutes`` continues).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import output
+from .._imports import require
+from ..errors import EnvironmentMissing, InputError
+from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
+from .trainer import FeatureExtractor, Trainer, TrainResult, build_train_model
+from .vocab import DraftVocab, calibrate
+
+
+@dataclass
+class TrainedHead:
+    tensors: dict[str, Any]
+    arch: Any
+    vocab: DraftVocab
+    data: DataReport
+    result: TrainResult
+    dtype: str
+    processes: int = 1
+
+    def manifest_section(self) -> dict[str, Any]:
+        return {
+            "data": self.data.as_dict(),
+            "draft_vocab": self.vocab.as_dict(),
+            "dtype": self.dtype,
+            "processes": self.processes,
+            **self.result.as_dict(),
+        }
+
+
+def cache_dir(recipe: Any) -> Path:
+    return recipe.workdir_path / "cache" / "train"
+
+
+def preflight(recipe: Any, target_vocab: int) -> None:
+    """Input checks that must fail before any model is loaded."""
+    from ..backends.modelopt.eagle import generation, modelopt_version
+
+    train = recipe.draft.train
+    if generation() != "new":
+        raise EnvironmentMissing(
+            f"training a head needs Model Optimizer >= 0.43 (installed: {modelopt_version()})",
+            fix="pip install 'nvidia-modelopt>=0.43', or import a trained head with draft.model",
+        )
+    load_prompt_samples(train.prompts, "draft.train.prompts", recipe.base_dir)
+    for n, spec in enumerate(train.texts):
+        load_prompt_samples(spec, f"draft.train.texts[{n}]", recipe.base_dir)
+    if train.eval_prompts:
+        load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)
+    size = vocab_size(recipe, target_vocab)
+    if size > target_vocab:
+        raise InputError(
+            f"draft.train.draft_vocab_size: {size} is larger than the target's vocabulary ({target_vocab})",
+            fix=f"use at most {target_vocab}",
+        )
+
+
+def vocab_size(recipe: Any, target_vocab: int) -> int:
+    return recipe.draft.train.draft_vocab_size or recipe.draft.draft_vocab_size or target_vocab
+
+
+def train_dtype(spec: str, device: str) -> str:
+    if spec != "auto":
+        return spec
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def _file_digest(spec: str, base_dir: Path) -> str:
+    from ..prompts import _BUILTIN_DIR
+
+    path = _BUILTIN_DIR / f"{spec.split(':', 1)[1]}.jsonl" if spec.startswith("builtin:") else Path(spec)
+    path = path if path.is_absolute() else base_dir / path
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "missing"
+
+
+def data_fingerprint(recipe: Any) -> dict[str, str]:
+    """Content digests of the prompt and text files (part of the convert stage's fingerprint)."""
+    train = recipe.draft.train
+    specs = [train.prompts, *train.texts] + ([train.eval_prompts] if train.eval_prompts else [])
+    return {spec: _file_digest(spec, recipe.base_dir) for spec in specs}
+
+
+def split_holdout(sequences: list[TrainSequence], fraction: float, seed: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    if fraction <= 0 or len(sequences) < 4:
+        return sequences, []
+    order = list(range(len(sequences)))
+    random.Random(seed).shuffle(order)
+    n = max(1, int(round(fraction * len(sequences))))
+    held = set(order[:n])
+    return [s for i, s in enumerate(sequences) if i not in held], [sequences[i] for i in sorted(held)]
+
+
+def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: str, target_dtype: str,
+               aux_layer_ids: list[int]) -> TrainedHead:
+    """Synthesize data, calibrate the draft vocabulary, train; returns the best head's canonical tensors."""
+    torch = require("torch")
+    transformers = require("transformers")
+    from ..backends.modelopt.eagle import EagleArch
+    from ..reference.decoder import _eos_ids
+
+    from . import distributed
+
+    spec = recipe.draft.train
+    cache = cache_dir(recipe)
+    world = distributed.current()
+    device = distributed.init(world, device)
+    if not world.main:
+        output.set_mode(quiet=True)  # one process reports
+    dtype_name = train_dtype(spec.dtype, device.split(":")[0])
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(spec.seed)
+    with output.progress() as bar:
+        task = bar.add_task("load target for training", total=1)
+        target = transformers.AutoModelForCausalLM.from_pretrained(
+            str(target_path), dtype=getattr(torch, target_dtype), trust_remote_code=recipe.target.trust_remote_code
+        ).to(device)
+        target.eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
+        bar.advance(task)
+    stop_ids = list(_eos_ids(target_path, tokenizer))
+    with output.progress() as bar:
+        sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint, bar, world)
+    if data.synthesized_tokens:
+        rate = data.synthesized_tokens / data.synthesis_s if data.synthesis_s > 0 else 0.0
+        cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
+        output.log(f"train data: {data.prompts} prompts, {data.synthesized_tokens} synthesized tokens in "
+                   f"{data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}); {data.text_tokens} teacher-forced text tokens")
+    train_set, holdout = split_holdout(sequences, spec.holdout_fraction, spec.seed)
+    config = target.config
+    vocab = calibrate(train_set, config.vocab_size, vocab_size(recipe, config.vocab_size), always=stop_ids)
+    output.check(True, f"draft vocabulary: {len(vocab.used)} of {config.vocab_size} target tokens, "
+                       f"covering {vocab.coverage:.1%} of trained tokens ({vocab.distinct_trained} distinct)")
+    arch = EagleArch.for_target(config, len(vocab.used), recipe.draft.num_layers)
+    model = build_train_model(target, arch, aux_layer_ids, vocab.used, spec.ttt_steps, dtype, torch.device(device), spec.seed)
+    run_key = fingerprint(
+        "train-v1",
+        target_fingerprint,
+        [(s.input_ids, s.loss_mask) for s in sequences],
+        vocab.used,
+        aux_layer_ids,
+        arch.__dict__,
+        dtype_name,
+        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens", "checkpoint_every"}),
+    )
+    features = FeatureExtractor(target, aux_layer_ids)
+    trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
+                      cache / f"checkpoint-{run_key}.pt", run_key, world)
+    if trainer.load_checkpoint():
+        output.log(f"draft.train: resuming from step {trainer.step} ({trainer.elapsed_s / 60:.1f} min done) "
+                   f"of checkpoint {trainer.checkpoint_path}")
+    processes = f" x {world.size} processes" if world.parallel else ""
+    output.log(f"train: {len(train_set)} sequences ({sum(s.trained_tokens for s in train_set)} trained tokens), "
+               f"{len(holdout)} held out; {trainer.total_steps} steps of batch {spec.batch_size}{processes}, dtype {dtype_name}, "
+               f"budget {f'{spec.max_minutes:g} min' if spec.max_minutes else 'none'}")
+    with output.progress() as bar:
+        result = trainer.run(bar, on_step=lambda step: _log_history(trainer, step))
+    features.close()
+    output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
+                       f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
+    return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size)
+
+
+def _log_history(trainer: Trainer, step: int) -> None:
+    if trainer.history and trainer.history[-1]["step"] == step:
+        h = trainer.history[-1]
+        output.log(f"  step {step}: train loss {h['train_loss']}, held-out loss {h['heldout_loss']}, "
+                   f"held-out acc {h['heldout_acc']}, tau estimate {h['heldout_tau_estimate']} ({h['minutes']} min)")

@@ -1,0 +1,111 @@
+"""The training loop: it learns, it resumes exactly where it stopped, it keeps to its budget."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from specconvert.recipe import TrainSpec
+from specconvert.training.data import response_sequence, synthesize
+from specconvert.training.trainer import FeatureExtractor, Trainer, build_train_model, tau_estimate
+from specconvert.training.vocab import calibrate
+from tests.tiny_models import byte_tokenizer, write_tiny_target
+
+AUX = [1, 3, 4]
+
+
+class _Bar:
+    """Stands in for a rich Progress (the loop only adds and updates one task)."""
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def update(self, *args, **kwargs):
+        pass
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = write_tiny_target(tmp_path_factory.mktemp("target"), logit_scale=30.0, eos_token_id=255)
+    target = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    tok = byte_tokenizer()
+    prompts = [tok(f"hello {i} world " * 2)["input_ids"] for i in range(40)]
+    responses, _ = synthesize(target, prompts, 24, 8, [255], 0, tmp_path_factory.mktemp("cache") / "s.jsonl")
+    seqs = [response_sequence(p, r, 64, "synthesized")[0] for p, r in zip(prompts, responses)]
+    return target, seqs[:32], seqs[32:]
+
+
+def _trainer(setup, tmp_path, **spec):
+    import torch
+
+    from specconvert.backends.modelopt.eagle import EagleArch
+
+    target, train, held = setup
+    spec = TrainSpec(**{"batch_size": 4, "lr": 3e-3, "checkpoint_every": 5, "steps": 20, **spec})
+    vocab = calibrate(train, 256, 128, always=[255])
+    arch = EagleArch.for_target(target.config, 128, 1)
+    model = build_train_model(target, arch, AUX, vocab.used, spec.ttt_steps, torch.float32, torch.device("cpu"), spec.seed)
+    features = FeatureExtractor(target, AUX)
+    return Trainer(spec, model, features, train, held, torch.device("cpu"), torch.float32, tmp_path / "ckpt.pt", "fp")
+
+
+def test_training_lowers_the_loss_and_raises_heldout_accuracy(setup, tmp_path):
+    trainer = _trainer(setup, tmp_path, steps=30)
+    loss0, acc0 = trainer.evaluate_holdout()
+    result = trainer.run(_Bar())
+    loss1, acc1 = trainer.evaluate_holdout()
+    assert result.steps == 30 and result.stopped_by == "steps"
+    assert loss1 < 0.7 * loss0
+    assert tau_estimate(acc1) > tau_estimate(acc0) + 0.5
+    # the first layer's input_layernorm stays 1 (it is what makes Model Optimizer's math the runtime's)
+    import torch
+
+    assert torch.equal(result.tensors["layers.0.input_layernorm.weight"], torch.ones(64))
+    assert [h["step"] for h in result.history] == [5, 10, 15, 20, 25, 30]
+    assert round(result.best_score, 4) == max(h["heldout_tau_estimate"] for h in result.history)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_run_resumes_to_the_same_head(setup, tmp_path):
+    import torch
+
+    straight = _trainer(setup, tmp_path / "a", steps=12).run(_Bar())
+
+    first = _trainer(setup, tmp_path / "b", steps=12)
+
+    def interrupt(step):
+        if step == 10:
+            raise _Stop
+
+    with contextlib.suppress(_Stop):
+        first.run(_Bar(), on_step=interrupt)
+    second = _trainer(setup, tmp_path / "b", steps=12)
+    assert second.load_checkpoint() is not None and second.step == 10
+    resumed = second.run(_Bar())
+    assert resumed.resumed_from == 10 and resumed.steps == 12
+    for name, value in straight.tensors.items():
+        torch.testing.assert_close(resumed.tensors[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_checkpoint_of_other_settings_is_not_resumed(setup, tmp_path):
+    _trainer(setup, tmp_path, steps=5).run(_Bar())
+    other = _trainer(setup, tmp_path, steps=5)
+    other.fingerprint = "other"
+    assert other.load_checkpoint() is None and other.step == 0
+
+
+def test_the_budget_stops_cleanly_and_keeps_a_usable_head(setup, tmp_path):
+    trainer = _trainer(setup, tmp_path, steps=100000, max_minutes=0.02)
+    result = trainer.run(_Bar())
+    assert result.stopped_by == "budget"
+    assert 0 < result.steps < 100000
+    assert result.history[-1]["step"] == result.steps
+    assert (tmp_path / "ckpt.pt").is_file()
+    assert "fc.weight" in result.tensors and "d2t" in result.tensors
