@@ -87,7 +87,7 @@ def main() -> None:
         curve = "; ".join(f"{h['minutes']:.1f} min: {h['heldout_tau_estimate']:.2f}" for h in r["training"]["history"])
         print(f"{args.label} {r['minutes']:g} min, held-out tau estimate by checkpoint: {curve}")
     data = results[0]["training"]["data"] if results else {}
-    if data.get("synthesis_s"):
+    if data.get("synthesis_s") and data.get("synthesis_cached", 0) < data.get("prompts", 0):
         print(f"\nsynthesis: {data['synthesized_tokens']} tokens in {data['synthesis_s']:.0f} s "
               f"({data['synthesized_tokens'] / data['synthesis_s']:.0f} tok/s; cached prompts: {data['synthesis_cached']})")
     if args.out:

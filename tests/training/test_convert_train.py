@@ -117,3 +117,15 @@ def test_num_processes_trains_data_parallel_under_torchrun(tmp_path, target):
     assert all(check["ok"] for check in manifest["checks"])
     parts = sorted(p.name.split("-part")[1] for p in (tmp_path / "runs" / "tiny-train-6" / "cache" / "train").glob("synthesis-*"))
     assert parts == ["0of2.jsonl", "1of2.jsonl"]  # each process synthesized its share
+
+
+@pytest.mark.compat
+def test_old_model_optimizer_refuses_to_train_before_loading_anything(cli, tmp_path, target):
+    from specconvert.backends.modelopt.eagle import generation
+
+    if generation() != "old":
+        pytest.skip("Model Optimizer >= 0.43 trains (make test-compat runs this on 0.37)")
+    result = cli("convert", recipe(tmp_path, target, steps=2))
+    assert result.code == 3
+    assert "needs Model Optimizer >= 0.43" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
