@@ -31,20 +31,28 @@ def _python_docs() -> list[dict[str, Any]]:
     return [{"text": topics[name]} for name in sorted(topics)]
 
 
-def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
-    """Samples as dicts with one of ``text`` / ``prompt`` / ``messages``."""
+def source_path(spec: str, key: str, base_dir: Path) -> Path | None:
+    """The file behind a sample-set spec (None for ``python:docs``, which is not a file)."""
     if spec == PYTHON_DOCS:
-        return _python_docs()
+        return None
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         path = _BUILTIN_DIR / f"{name}.jsonl"
         if not path.is_file():
             raise InputError(f"{key}: no built-in set '{name}'", fix=f"use one of: {', '.join('builtin:' + n for n in builtin_names())}")
-    else:
-        path = Path(spec).expanduser()
-        path = path if path.is_absolute() else (base_dir / path)
-        if not path.is_file():
-            raise InputError(f"{key}: file '{path}' does not exist", fix="give a JSONL file or builtin:NAME")
+        return path
+    path = Path(spec).expanduser()
+    path = path if path.is_absolute() else (base_dir / path)
+    if not path.is_file():
+        raise InputError(f"{key}: file '{path}' does not exist", fix="give a JSONL file or builtin:NAME")
+    return path
+
+
+def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
+    """Samples as dicts with one of ``text`` / ``prompt`` / ``messages``."""
+    path = source_path(spec, key, base_dir)
+    if path is None:
+        return _python_docs()
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
         samples = []

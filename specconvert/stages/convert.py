@@ -136,7 +136,7 @@ def fingerprint_inputs(recipe: Recipe, p: ConvertPlan, allow_pickle: bool) -> di
     }
 
 
-def _train_data_fingerprint(recipe: Recipe) -> dict[str, str] | None:
+def _train_data_fingerprint(recipe: Recipe) -> dict[str, Any] | None:
     if recipe.draft.train is None:
         return None
     from ..training.pipeline import data_fingerprint
@@ -201,10 +201,9 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
 
 
 def _train(recipe: Recipe, p: ConvertPlan, target_fingerprint: Any, timings: dict[str, float]):
-    from ..training.pipeline import train_head
-    from ..training.data import fingerprint
-
     from ..training import distributed
+    from ..training.data import fingerprint
+    from ..training.pipeline import train_head
 
     t0 = time.perf_counter()
     trained = train_head(recipe, p.target.path, fingerprint(target_fingerprint), _device(recipe), p.dtype, p.aux_layer_ids)
@@ -229,10 +228,10 @@ def _evaluate(recipe: Recipe, p: ConvertPlan, target_dir: Path, draft_dir: Path,
     shapes = {f"chain-{recipe.build.max_draft_len}": {"max_draft_len": recipe.build.max_draft_len},
               f"tree-{tree['top_k']}x{tree['depth']}-{tree['total_tokens']}": {"tree": tree}}
     t0 = time.perf_counter()
-    n = min(train.eval_samples, len(load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)))
+    items = load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)[: train.eval_samples]
     with output.progress() as bar:
-        task = bar.add_task("measure acceptance (reference decoder, held-out prompts)", total=n * (1 + len(shapes)))
-        report = measure(Path(target_dir), draft_dir, p.aux_layer_ids, train.eval_prompts, recipe.base_dir, train.eval_samples,
+        task = bar.add_task("measure acceptance (reference decoder, held-out prompts)", total=len(items) * (1 + len(shapes)))
+        report = measure(Path(target_dir), draft_dir, p.aux_layer_ids, train.eval_prompts, items,
                          train.eval_max_new_tokens, shapes, device=_device(recipe), dtype=p.dtype,
                          on_prompt=lambda: bar.advance(task))
     timings["eval_s"] = round(time.perf_counter() - t0, 3)

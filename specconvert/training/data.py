@@ -17,7 +17,6 @@ belongs to the response.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -111,11 +110,10 @@ def text_sequences(token_ids: Sequence[int], seq_len: int) -> list[TrainSequence
 
 
 def fingerprint(*parts: Any) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
-        digest.update(b"\x00")
-    return digest.hexdigest()[:16]
+    """A short key for cache file names (the manifest's canonical hash of ``parts``)."""
+    from ..manifest import canonical_hash
+
+    return canonical_hash(list(parts))[:16]
 
 
 # --------------------------------------------------------------------------- synthesis

@@ -12,33 +12,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .data import prompt_ids, load_prompt_samples
+from .data import prompt_ids
 
 
 def _aggregate(results: Sequence[Any]) -> dict[str, Any]:
-    steps = sum(r.steps for r in results if r.accepted_per_step or r.steps)
-    accepted = [a for r in results for a in r.accepted_per_step]
-    tau = sum(a + 1 for a in accepted) / len(accepted) if accepted else 1.0
-    depth = max((len(r.per_position_acceptance) for r in results), default=0)
-    per_pos = []
-    for i in range(depth):
-        tried = sum(1 for r in results for s in r.step_records if s.kind == "spec" and s.drafted_depth > i)
-        hit = sum(1 for r in results for s in r.step_records if s.kind == "spec" and s.drafted_depth > i and s.accepted > i)
-        per_pos.append(round(hit / tried, 4) if tried else 0.0)
-    tokens = sum(len(r.token_ids) for r in results)
-    wall = sum(r.wall_time_s for r in results)
-    return {"acceptance_length": round(tau, 4), "per_position_acceptance": per_pos, "target_forwards": steps,
-            "tokens": tokens, "tokens_per_second": round(tokens / wall, 3) if wall else 0.0}
+    """One summary over all prompts: the decoder's own summary of their steps taken together."""
+    from ..reference.decoder import summarise
+
+    total = summarise([], [step for r in results for step in r.step_records], sum(r.wall_time_s for r in results))
+    return {"acceptance_length": round(total.acceptance_length, 4),
+            "per_position_acceptance": [round(x, 4) for x in total.per_position_acceptance],
+            "target_forwards": total.steps, "tokens": len(total.token_ids),
+            "tokens_per_second": round(total.tokens_per_second, 3)}
 
 
-def measure(target_dir: Path, draft_dir: Path, aux_layer_ids: list[int], prompts: str, base_dir: Path, samples: int,
+def measure(target_dir: Path, draft_dir: Path, aux_layer_ids: list[int], prompts: str, items: Sequence[dict[str, Any]],
             max_new_tokens: int, shapes: dict[str, dict[str, Any]], device: str = "cpu", dtype: str = "float32",
             on_prompt: Callable[[], None] | None = None) -> dict[str, Any]:
-    """tau and per-position acceptance per shape (``{"chain-3": {"max_draft_len": 3}, "tree": {"tree": {...}}}``)."""
+    """tau and per-position acceptance per shape (``{"chain-3": {"max_draft_len": 3}, "tree": {"tree": {...}}}``)
+    over the samples ``items`` of the prompt set named ``prompts``."""
     from ..reference.decoder import DecodeSettings, ReferenceDecoder
 
     decoder = ReferenceDecoder.from_dirs(target_dir, draft_dir, aux_layer_ids, device=device, dtype=dtype, norm_layout="eagle3")
-    items = load_prompt_samples(prompts, "draft.train.eval_prompts", base_dir)[:samples]
     stop = decoder.eos_token_ids
     encoded = [prompt_ids(s, decoder.tokenizer) for s in items]
     t0 = time.perf_counter()

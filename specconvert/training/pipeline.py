@@ -8,7 +8,6 @@ settings are left out, so a rerun with a larger ``max_minutes`` continues).
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,19 +78,23 @@ def train_dtype(spec: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
-def _file_digest(spec: str, base_dir: Path) -> str:
-    from ..prompts import _BUILTIN_DIR
+def data_fingerprint(recipe: Any) -> dict[str, Any]:
+    """Identity of the prompt and text files (part of the convert stage's fingerprint).
 
-    path = _BUILTIN_DIR / f"{spec.split(':', 1)[1]}.jsonl" if spec.startswith("builtin:") else Path(spec)
-    path = path if path.is_absolute() else base_dir / path
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "missing"
+    ``python:docs`` is identified by the Python version that ships it.
+    """
+    import sys
 
+    from ..manifest import file_fingerprint
+    from ..prompts import source_path
 
-def data_fingerprint(recipe: Any) -> dict[str, str]:
-    """Content digests of the prompt and text files (part of the convert stage's fingerprint)."""
     train = recipe.draft.train
     specs = [train.prompts, *train.texts] + ([train.eval_prompts] if train.eval_prompts else [])
-    return {spec: _file_digest(spec, recipe.base_dir) for spec in specs}
+    out: dict[str, Any] = {}
+    for spec in specs:
+        path = source_path(spec, "draft.train", recipe.base_dir)
+        out[spec] = file_fingerprint(path) if path is not None else sys.version
+    return out
 
 
 def split_holdout(sequences: list[TrainSequence], fraction: float, seed: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
