@@ -58,11 +58,11 @@ def env(name: str) -> Shell:
     return Shell(f'"${_env_name(name)}"')
 
 
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
 def _env_name(name: str) -> str:
-    if not _ENV_NAME.match(name):
+    if not _ENV_NAME.fullmatch(name):
         raise ValueError(f"not a shell variable name: {name!r}")
     return name
 
@@ -107,7 +107,8 @@ def render_script(title: str, comments: Sequence[str], env_defaults: dict[str, A
     """
     lines = ["#!/usr/bin/env bash", f"# {comment_safe(title)}"]
     lines += [f"# {comment_safe(line)}" if line else "#" for line in comments]
-    lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    # `--`: a bundle under a folder named like an option (-x) is still a folder.
+    lines += ["set -euo pipefail", 'HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"']
     for name, default in env_defaults.items():
         lines.append(f'if [[ -z "${{{_env_name(name)}:-}}" ]]; then {name}={shell_word(default)}; fi')
     groups = [list(group) for group in argv if list(group)]
