@@ -9,6 +9,8 @@ overrides, validates, and resolves the work directory relative to the file.
 from __future__ import annotations
 
 import difflib
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -18,6 +20,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import InputError
 
 SCHEMA_VERSION = 1
+
+
+_HOST_CHARS = re.compile(r"[A-Za-z0-9.:%_-]+")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_host(value: str) -> bool:
+    """An IPv4/IPv6 address or an RFC 1123 hostname (what a server can bind to); nothing else."""
+    # Characters first: ipaddress alone accepts "1.2.3.4\n" and any text after "%" (an IPv6 scope).
+    if not isinstance(value, str) or not _HOST_CHARS.fullmatch(value) or len(value) > 253:
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    return all(_HOST_LABEL.fullmatch(label) for label in value.split("."))
 
 
 class _Strict(BaseModel):
@@ -305,7 +324,11 @@ class RuntimeSpec(_Strict):
         description="TensorRT-LLM version whose option spellings the bundle uses; `auto` = the installed one, "
         "else the newest version specconvert knows (recorded as a warning). Pin e.g. `1.2` or `1.3.0rc27`.",
     )
-    host: str = Field("127.0.0.1", description="Address the generated serve scripts bind to (override with HOST=...).")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the generated serve scripts bind to (override with HOST=...): an IPv4 or IPv6 address "
+        "(`127.0.0.1`, `0.0.0.0`, `::1`) or a hostname (letters, digits, `-` and `.`).",
+    )
     port: int = Field(8000, ge=1, le=65535, description="Default port of the generated serve scripts (override with PORT=...).")
 
     @field_validator("trtllm_version", mode="before")
@@ -313,6 +336,15 @@ class RuntimeSpec(_Strict):
     def _version_as_text(cls, value: Any) -> Any:
         # YAML reads `1.2` as a float; a version is text.
         return str(value) if isinstance(value, (int, float)) else value
+
+    @field_validator("host")
+    @classmethod
+    def _host_is_an_address(cls, value: str) -> str:
+        # The host lands in every generated serve.sh: only an address or a hostname can reach it.
+        if not is_host(value):
+            raise ValueError(f"{value!r} is not an IP address or hostname; use e.g. 127.0.0.1, 0.0.0.0, ::1 "
+                             "or a hostname such as gpu-node-3 (letters, digits, '-' and '.')")
+        return value
 
 
 class LosslessSpec(_Strict):

@@ -1,6 +1,11 @@
 """Launch files of the deployment bundle: trtllm-serve / trtllm-bench, vLLM, SGLang.
 
-Scripts point at the target and draft (absolute paths) rather than copying them.
+Scripts point at the target and draft (absolute paths) rather than copying them. Every
+script is rendered by ``render_script``: each word ``shlex.quote``d, comment lines with
+control characters escaped, environment defaults assigned on their own lines. Paths,
+model names and JSON arguments therefore reach the program as one argument each, and
+nothing from a recipe or a path is ever run (issue 11, item 5). ``runtime.host`` is
+also validated by the recipe schema.
 
 vLLM and SGLang take the auxiliary layers from the draft's ``config.json`` only, and
 each reads a different key in a different numbering, so each gets a small draft
@@ -14,16 +19,19 @@ overlay (a rewritten ``config.json`` beside symlinks to the draft's other files)
 - vLLM reads the top-level ``eagle_aux_hidden_state_layer_ids``
   (``get_eagle3_aux_layers_from_config``) and uses it directly as the layers whose
   *input* it captures (``if idx in self.aux_hidden_state_layers: aux.append(hidden_states
-  + residual)`` before layer ``idx``), so it needs output + 1.
+  + residual)`` before layer ``idx``), so it needs output + 1. Its fallback, the
+  ``eagle_config`` list, is taken unshifted, so the vLLM overlay writes output + 1 there too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import unicodedata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # trtllm-bench dataset rows: {"task_id", "prompt" | "input_ids", "output_tokens"}
 # (TensorRT-LLM docs, performance/perf-benchmarking: "Preparing a Dataset").
@@ -40,17 +48,82 @@ BENCH_PROMPTS = (
 BENCH_OUTPUT_TOKENS = 128
 
 
-def _q(value: Any) -> str:
-    return shlex.quote(str(value))
+class Shell(str):
+    """Text written into a script as is (not quoted): only constant fragments authored in this
+    module, such as ``"$HOST"`` or ``"$HERE/dataset.jsonl"``. Recipe values and paths never are."""
 
 
-def _script(lines: list[str]) -> str:
+def env(name: str) -> Shell:
+    """The double-quoted expansion of a variable the script sets (``"$HOST"``)."""
+    return Shell(f'"${_env_name(name)}"')
+
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"not a shell variable name: {name!r}")
+    return name
+
+
+def shell_word(value: Any) -> str:
+    """One argument as bash reads it back unchanged: ``Shell`` fragments as written, all else ``shlex.quote``d.
+
+    ``shlex.quote`` single-quotes anything outside ``[A-Za-z0-9@%+=:,./_-]``, so ``$()``,
+    backticks, quotes, globs and newlines stay data (a newline inside single quotes is
+    part of the word, not the end of the command).
+    """
+    return str(value) if isinstance(value, Shell) else shlex.quote(str(value))
+
+
+def comment_safe(text: str) -> str:
+    """Text for a ``#`` comment line: control, format and separator characters escaped.
+
+    A newline in a path would end the comment and run the rest as a command; CR, bidi
+    overrides and other invisible characters could make a comment show other text
+    than bash reads (Trojan Source). Letters of every script stay as they are.
+    """
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def render_script(title: str, comments: Sequence[str], env_defaults: dict[str, Any],
+                  argv: Sequence[Sequence[Any]]) -> str:
+    """A bash launch script that ``exec``s one command; every engine's script goes through here.
+
+    - ``title`` and ``comments`` become ``#`` lines (``comment_safe``);
+    - ``env_defaults``: variables the user may override from the environment (``HOST=0.0.0.0
+      serve.sh``). Each default is assigned on its own line, quoted unless it is a ``Shell``
+      fragment, and never expanded inside ``${VAR:-...}`` where quoting would not apply;
+    - ``argv``: the command, one group of words per script line; ``"$@"`` is appended so
+      extra flags pass through. ``HERE`` (the script's folder) is set before anything else.
+    """
+    lines = ["#!/usr/bin/env bash", f"# {comment_safe(title)}"]
+    lines += [f"# {comment_safe(line)}" if line else "#" for line in comments]
+    # `--`: a bundle under a folder named like an option (-x) is still a folder.
+    lines += ["set -euo pipefail", 'HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"']
+    for name, default in env_defaults.items():
+        lines.append(f'if [[ -z "${{{_env_name(name)}:-}}" ]]; then {name}={shell_word(default)}; fi')
+    groups = [list(group) for group in argv if list(group)]
+    if not groups:
+        raise ValueError("a launch script needs a command")
+    groups[-1].append(Shell('"$@"'))
+    words = [" ".join(shell_word(word) for word in group) for group in groups]
+    lines.append("exec " + " \\\n  ".join(words))
     return "\n".join(lines) + "\n"
 
 
 def write_executable(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    # surrogateescape: a path that is not valid UTF-8 keeps its original bytes in the script.
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
     path.chmod(0o755)
 
 
@@ -80,41 +153,41 @@ def chain_or_tree(build: Any) -> dict[str, int]:
     return {"steps": steps, "topk": topk, "draft_tokens": tokens}
 
 
+def _endpoint(runtime: Any) -> dict[str, Any]:
+    return {"HOST": runtime.host, "PORT": runtime.port}
+
+
 def trtllm_serve(target_dir: str, build: Any, runtime: Any, title: str) -> str:
-    parallel = f"--tp_size {build.tensor_parallel_size}"
+    parallel = ["--tp_size", build.tensor_parallel_size]
     if build.moe_expert_parallel_size > 1:
-        parallel += f" --ep_size {build.moe_expert_parallel_size}"
-    return _script([
-        "#!/usr/bin/env bash",
-        f"# {title}",
-        "# trtllm-serve with EAGLE-3. Generated by `specconvert build`; regenerate rather than edit.",
-        "#   engine/trtllm/serve.sh                                   # speculative, 127.0.0.1:$PORT",
-        "#   OPTIONS=engine/trtllm/baseline.yaml engine/trtllm/serve.sh   # same settings, no speculation",
-        "# Multi-GPU / multi-node: see docs/build.md (trtllm-llmapi-launch under Slurm/MPI).",
-        "set -euo pipefail",
-        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        f"exec trtllm-serve {_q(target_dir)} \\",
-        "  --backend pytorch \\",
-        f'  --host "${{HOST:-{runtime.host}}}" --port "${{PORT:-{runtime.port}}}" \\',
-        f"  {parallel} \\",
-        '  --extra_llm_api_options "${OPTIONS:-$HERE/llm_api_options.yaml}" "$@"',
-    ])
+        parallel += ["--ep_size", build.moe_expert_parallel_size]
+    return render_script(
+        title,
+        ["trtllm-serve with EAGLE-3. Generated by `specconvert build`; regenerate rather than edit.",
+         "  engine/trtllm/serve.sh                                   # speculative, 127.0.0.1:$PORT",
+         "  OPTIONS=engine/trtllm/baseline.yaml engine/trtllm/serve.sh   # same settings, no speculation",
+         "Multi-GPU / multi-node: see docs/build.md (trtllm-llmapi-launch under Slurm/MPI)."],
+        {**_endpoint(runtime), "OPTIONS": Shell('"$HERE/llm_api_options.yaml"')},
+        [["trtllm-serve", target_dir],
+         ["--backend", "pytorch"],
+         ["--host", env("HOST"), "--port", env("PORT")],
+         parallel,
+         ["--extra_llm_api_options", env("OPTIONS")]],
+    )
 
 
 def trtllm_bench(target_dir: str, title: str) -> str:
-    return _script([
-        "#!/usr/bin/env bash",
-        f"# {title}",
-        "# trtllm-bench latency on the bundle's dataset. Generated by `specconvert build`.",
-        "#   engine/trtllm/bench.sh                                   # speculative",
-        "#   OPTIONS=engine/trtllm/baseline.yaml REPORT=base.json engine/trtllm/bench.sh",
-        "set -euo pipefail",
-        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        f"exec trtllm-bench --model {_q(target_dir)} --model_path {_q(target_dir)} latency \\",
-        '  --dataset "$HERE/dataset.jsonl" \\',
-        '  --extra_llm_api_options "${OPTIONS:-$HERE/llm_api_options.yaml}" \\',
-        '  --report_json "${REPORT:-$PWD/trtllm_bench_report.json}" "$@"',
-    ])
+    return render_script(
+        title,
+        ["trtllm-bench latency on the bundle's dataset. Generated by `specconvert build`.",
+         "  engine/trtllm/bench.sh                                   # speculative",
+         "  OPTIONS=engine/trtllm/baseline.yaml REPORT=base.json engine/trtllm/bench.sh"],
+        {"OPTIONS": Shell('"$HERE/llm_api_options.yaml"'), "REPORT": Shell('"$PWD/trtllm_bench_report.json"')},
+        [["trtllm-bench", "--model", target_dir, "--model_path", target_dir, "latency"],
+         ["--dataset", Shell('"$HERE/dataset.jsonl"')],
+         ["--extra_llm_api_options", env("OPTIONS")],
+         ["--report_json", env("REPORT")]],
+    )
 
 
 def bench_dataset() -> str:
@@ -126,48 +199,61 @@ def bench_dataset() -> str:
 
 def vllm_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, title: str) -> str:
     spec = json.dumps({"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": build.max_draft_len})
-    extra = " --enable-expert-parallel" if build.moe_expert_parallel_size > 1 else ""
-    return _script([
-        "#!/usr/bin/env bash",
-        f"# {title}",
-        "# vLLM with EAGLE-3 (chain of max_draft_len). Generated by `specconvert build`.",
-        "# The draft path is the bundle's overlay: its config.json carries the top-level",
-        "# eagle_aux_hidden_state_layer_ids in vLLM's numbering (input of layer i+1 = output of layer i).",
-        "set -euo pipefail",
-        f"exec vllm serve {_q(target_dir)} \\",
-        f'  --host "${{HOST:-{runtime.host}}}" --port "${{PORT:-{runtime.port}}}" \\',
-        f"  --tensor-parallel-size {build.tensor_parallel_size}{extra} \\",
-        f"  --max-model-len {build.max_seq_len} --max-num-seqs {build.max_batch_size} \\",
-        f"  --speculative-config {_q(spec)} \"$@\"",
-    ])
+    parallel = ["--tensor-parallel-size", build.tensor_parallel_size]
+    if build.moe_expert_parallel_size > 1:
+        parallel.append("--enable-expert-parallel")
+    return render_script(
+        title,
+        ["vLLM with EAGLE-3 (chain of max_draft_len). Generated by `specconvert build`.",
+         "The draft path is the bundle's overlay: its config.json carries eagle_aux_hidden_state_layer_ids",
+         "in vLLM's numbering (input of layer i+1 = output of layer i), top level and in eagle_config."],
+        _endpoint(runtime),
+        [["vllm", "serve", target_dir],
+         ["--host", env("HOST"), "--port", env("PORT")],
+         parallel,
+         ["--max-model-len", build.max_seq_len, "--max-num-seqs", build.max_batch_size],
+         ["--speculative-config", spec]],
+    )
 
 
 def sglang_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, title: str) -> str:
     shape = chain_or_tree(build)
-    extra = f" --ep-size {build.moe_expert_parallel_size}" if build.moe_expert_parallel_size > 1 else ""
-    return _script([
-        "#!/usr/bin/env bash",
-        f"# {title}",
-        "# SGLang with EAGLE-3. Generated by `specconvert build`.",
-        "# The draft path is the bundle's overlay: its config.json carries eagle_config.",
-        "# eagle_aux_hidden_state_layer_ids in the output convention (SGLang adds 1 itself).",
-        "set -euo pipefail",
-        f"exec python3 -m sglang.launch_server --model-path {_q(target_dir)} \\",
-        f'  --host "${{HOST:-{runtime.host}}}" --port "${{PORT:-{runtime.port}}}" \\',
-        f"  --tp-size {build.tensor_parallel_size}{extra} --context-length {build.max_seq_len} \\",
-        "  --speculative-algorithm EAGLE3 \\",
-        f"  --speculative-draft-model-path {_q(draft_dir)} \\",
-        f"  --speculative-num-steps {shape['steps']} --speculative-eagle-topk {shape['topk']} \\",
-        f"  --speculative-num-draft-tokens {shape['draft_tokens']} \"$@\"",
-    ])
+    parallel = ["--tp-size", build.tensor_parallel_size]
+    if build.moe_expert_parallel_size > 1:
+        parallel += ["--ep-size", build.moe_expert_parallel_size]
+    return render_script(
+        title,
+        ["SGLang with EAGLE-3. Generated by `specconvert build`.",
+         "The draft path is the bundle's overlay: its config.json carries eagle_config.",
+         "eagle_aux_hidden_state_layer_ids in the output convention (SGLang adds 1 itself)."],
+        _endpoint(runtime),
+        [["python3", "-m", "sglang.launch_server", "--model-path", target_dir],
+         ["--host", env("HOST"), "--port", env("PORT")],
+         parallel + ["--context-length", build.max_seq_len],
+         ["--speculative-algorithm", "EAGLE3"],
+         ["--speculative-draft-model-path", draft_dir],
+         ["--speculative-num-steps", shape["steps"], "--speculative-eagle-topk", shape["topk"]],
+         ["--speculative-num-draft-tokens", shape["draft_tokens"]]],
+    )
 
 
-def write_draft_overlay(draft_dir: Path, overlay: Path, config_update: Callable[[dict], None]) -> dict[str, Any]:
-    """A draft folder for one engine: ``config.json`` rewritten by ``config_update`` + symlinks to the rest."""
+# How each file numbers the aux layers, as recorded in the bundle manifest.
+OUTPUT_NUMBERING = "output of layer i (0-based; Model Optimizer export, TensorRT-LLM, SGLang's config value)"
+VLLM_NUMBERING = "input of layer i = output of layer i-1 (vLLM)"
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def write_draft_overlay(draft_dir: Path, overlay: Path,
+                        config_update: Callable[[dict], dict[str, Any] | None]) -> dict[str, Any]:
+    """A draft folder for one engine: ``config.json`` rewritten by ``config_update`` + symlinks to the rest.
+
+    ``config_update`` edits the config in place and returns ``{key path: {"ids", "numbering"}}``
+    for the aux-layer lists it wrote; that goes into the result (and so into the manifest).
+    """
     overlay.mkdir(parents=True, exist_ok=True)
     config_path = draft_dir / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    config_update(config)
+    aux_layer_ids = config_update(config) or {}
     (overlay / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     linked = []
     for item in sorted(draft_dir.iterdir()) if draft_dir.is_dir() else []:
@@ -175,20 +261,54 @@ def write_draft_overlay(draft_dir: Path, overlay: Path, config_update: Callable[
             continue
         os.symlink(item.resolve(), overlay / item.name)
         linked.append(item.name)
-    return {"config": "config.json", "linked": linked}
+    return {"config": "config.json", "linked": linked, "aux_layer_ids": aux_layer_ids}
 
 
-def sglang_overlay_update(aux_layer_ids: list[int]) -> Callable[[dict], None]:
-    def update(config: dict) -> None:
+def sglang_overlay_update(aux_layer_ids: list[int]) -> Callable[[dict], dict[str, Any]]:
+    def update(config: dict) -> dict[str, Any]:
+        ids = sglang_config_aux_ids(aux_layer_ids)
         eagle = dict(config.get("eagle_config") or {})
-        eagle["eagle_aux_hidden_state_layer_ids"] = sglang_config_aux_ids(aux_layer_ids)
+        eagle[AUX_KEY] = ids
         config["eagle_config"] = eagle
+        written = {f"eagle_config.{AUX_KEY}": {"ids": ids, "numbering": OUTPUT_NUMBERING}}
+        # SGLang reads only eagle_config; a stale top-level list (some heads carry one) would
+        # mislead a reader of this overlay, so it is dropped.
+        config.pop(AUX_KEY, None)
+        return written
 
     return update
 
 
-def vllm_overlay_update(aux_layer_ids: list[int]) -> Callable[[dict], None]:
-    def update(config: dict) -> None:
-        config["eagle_aux_hidden_state_layer_ids"] = vllm_config_aux_ids(aux_layer_ids)
+def vllm_overlay_update(aux_layer_ids: list[int]) -> Callable[[dict], dict[str, Any]]:
+    """vLLM's numbering in BOTH places: this overlay is vLLM's own copy of the config.
+
+    vLLM 0.32 (``vllm/v1/worker/gpu_model_runner.py``, ``_get_eagle3_aux_layers_from_config``)
+    reads the top-level list and, only when that is missing or empty, falls back to
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` WITHOUT adding 1 (it shifts only
+    DFlash's ``target_layer_ids``). Keeping the head's output-numbered list there would run
+    one layer off, silently, the day the top-level key is lost. ``llama_eagle3.py`` reads
+    only the length of the ``eagle_config`` list (the fc input width), which is unchanged.
+    """
+
+    def update(config: dict) -> dict[str, Any]:
+        ids = vllm_config_aux_ids(aux_layer_ids)
+        config[AUX_KEY] = ids
+        eagle = dict(config.get("eagle_config") or {})
+        eagle[AUX_KEY] = list(ids)
+        config["eagle_config"] = eagle
+        return {key: {"ids": ids, "numbering": VLLM_NUMBERING} for key in (AUX_KEY, f"eagle_config.{AUX_KEY}")}
 
     return update
+
+
+def aux_layer_numbering(aux_layer_ids: list[int]) -> dict[str, Any]:
+    """For the bundle manifest: which aux-layer list each file holds, and in which numbering."""
+    output = {"ids": [int(i) for i in aux_layer_ids], "numbering": OUTPUT_NUMBERING}
+    vllm = {"ids": vllm_config_aux_ids(aux_layer_ids), "numbering": VLLM_NUMBERING}
+    return {
+        f"convert/draft/config.json: eagle_config.{AUX_KEY}": output,
+        "engine/trtllm/llm_api_options.yaml: speculative_config.eagle3_layers_to_capture": output,
+        f"engine/sglang/draft/config.json: eagle_config.{AUX_KEY}": output,
+        f"engine/vllm/draft/config.json: {AUX_KEY}": vllm,
+        f"engine/vllm/draft/config.json: eagle_config.{AUX_KEY}": vllm,
+    }

@@ -24,6 +24,7 @@ from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, 
 from ..bench.workload import Run, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
 from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import manifest_hash, read_manifest, require_manifest, stage_dir, write_json_atomic
+from ..serving.urls import redact_url
 
 STAGE = "bench"
 
@@ -85,8 +86,8 @@ def run(
     payloads, workload = build_payloads(bench, base_dir, api, loaded)
     inputs = {
         "bench": bench.model_dump(mode="json"),
-        "url": url,
-        "baseline_url": baseline_url,
+        "url": redact_url(url),
+        "baseline_url": redact_url(baseline_url),
         "engine_manifest": manifest_hash(engine_manifest) if engine_manifest else None,
         "time": time.time(),  # a measurement is never "up to date"
     }
@@ -156,7 +157,7 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
             for i in range(bench.warmup_requests):
                 record = await stream_request(client_for(endpoint.base_url), endpoint, payloads[i % len(payloads)], -1 - i)
                 if record.error:
-                    raise ExternalFailure(f"bench: warm-up request to {endpoint.base_url}{endpoint.path} failed: {record.error}",
+                    raise ExternalFailure(f"bench: warm-up request to {redact_url(endpoint.base_url)}{endpoint.path} failed: {record.error}",
                                           fix="check the server log and that the model name is served (GET /v1/models)")
         runs: list[dict[str, Any]] = []
         records: list[dict[str, Any]] = []
@@ -205,7 +206,7 @@ async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, A
             base_model = twin if twin and (twin in ids or (default_model and not ids)) else None
             if base_model is None:
                 raise InputError(
-                    f"bench.compare_baseline: {spec_url} serves no baseline twin of '{spec_model}' "
+                    f"bench.compare_baseline: {redact_url(spec_url)} serves no baseline twin of '{spec_model}' "
                     f"(models: {', '.join(ids) or 'none listed'})",
                     fix="pass --baseline-url for the same target served without speculation, set bench.baseline_model, "
                     "or --set bench.compare_baseline=false")
@@ -277,7 +278,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         "definitions": DEFINITIONS,
         "settings": bench.model_dump(mode="json"),
         "workload": workload,
-        "endpoints": {label: {"url": ep.base_url, "model": ep.model, "api": ep.api,
+        "endpoints": {label: {"url": redact_url(ep.base_url), "model": ep.model, "api": ep.api,
                               "metrics_endpoint": measured["metrics_seen"].get(label, False)}
                       for label, ep in endpoints.items()} | ({} if "baseline" in endpoints else {"baseline": None}),
         "servers": servers,

@@ -169,6 +169,7 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
             "vllm_aux_layer_ids": launch.vllm_config_aux_ids(aux),
             "sglang_config_aux_layer_ids": launch.sglang_config_aux_ids(aux),
             "sglang_captured_layers": launch.sglang_captured_layers(launch.sglang_config_aux_ids(aux)),
+            "aux_layer_numbering": launch.aux_layer_numbering(aux),
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
             "trtllm_drafting": "dynamic_tree" if report.trtllm_tree else f"chain of {recipe.build.max_draft_len}",
             "sglang_shape": launch.chain_or_tree(recipe.build),

@@ -33,6 +33,7 @@ from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
 from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+from ..serving.urls import redact_url
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
 
 STAGE = "serve-test"
@@ -118,7 +119,8 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
         phases = [Phase("endpoint", _fixed(url), [(SPECULATIVE, None)] + ([] if baseline_url else [(BASELINE, None)]))]
         if baseline_url:
             phases.append(Phase("baseline endpoint", _fixed(baseline_url), [(BASELINE, None)]))
-        return phases, {"backend": "url", "url": url, "baseline_url": baseline_url, "max_draft_len": recipe.build.max_draft_len}
+        return phases, {"backend": "url", "url": redact_url(url), "baseline_url": redact_url(baseline_url),
+                        "max_draft_len": recipe.build.max_draft_len}
 
     engine = recipe.workdir_path / "engine"
     manifest = require_manifest(engine, "build", "build")
@@ -199,7 +201,7 @@ class ServeRun:
                 server, base_url = self._start(phase, record)
             else:
                 base_url = phase.url_for_port(None)
-                record.url = base_url
+                record.url = redact_url(base_url)
                 started = time.monotonic()
                 self._wait_endpoint(base_url)
                 record.startup_s = round(time.monotonic() - started, 3)
@@ -270,7 +272,7 @@ class ServeRun:
                 except httpx.HTTPError as exc:
                     last = type(exc).__name__
                 time.sleep(0.5)
-        raise ServerStartError(f"{base_url}/health did not answer 200 within {self.spec.startup_timeout_s:g} s ({last})")
+        raise ServerStartError(f"{redact_url(base_url)}/health did not answer 200 within {self.spec.startup_timeout_s:g} s ({last})")
 
     async def _requests(self, phase: Phase, base_url: str, server: ServerProcess | None, record: ServerRecord) -> None:
         spec = self.spec

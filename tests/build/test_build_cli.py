@@ -38,7 +38,8 @@ def test_bundle_layout_and_pointers(project, cli):
     assert not any(p.name == "model.safetensors" and not p.is_symlink() for p in engine.rglob("*"))
     serve = (engine / "trtllm" / "serve.sh").read_text()
     assert f"trtllm-serve {project.target_dir}" in serve
-    assert '--host "${HOST:-127.0.0.1}" --port "${PORT:-8000}"' in serve
+    assert '--host "$HOST" --port "$PORT"' in serve
+    assert 'then HOST=127.0.0.1; fi' in serve and 'then PORT=8000; fi' in serve
     assert "--extra_llm_api_options" in serve and "--backend pytorch" in serve
     bench = (engine / "trtllm" / "bench.sh").read_text()
     assert " latency " in bench and '--dataset "$HERE/dataset.jsonl"' in bench and "--report_json" in bench
@@ -121,7 +122,8 @@ def test_host_port_and_cuda_graphs_off(project, cli):
     result = cli("build", project.recipe_path, "--no-load", "--set", "runtime.port=9123",
                  "--set", "runtime.host=0.0.0.0", "--set", "build.cuda_graphs=false")
     assert result.code == 0, result.err
-    assert '"${HOST:-0.0.0.0}" --port "${PORT:-9123}"' in (project.engine / "trtllm" / "serve.sh").read_text()
+    serve = (project.engine / "trtllm" / "serve.sh").read_text()
+    assert 'then HOST=0.0.0.0; fi' in serve and 'then PORT=9123; fi' in serve
     options = yaml.safe_load((project.engine / "trtllm" / "llm_api_options.yaml").read_text())
     assert "cuda_graph_config" in options and options["cuda_graph_config"] is None
 
