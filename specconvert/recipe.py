@@ -384,6 +384,43 @@ class ServeTestSpec(_Strict):
     )
 
 
+class TuneSpec(_Strict):
+    """`specconvert tune`: measure, then choose the draft length per concurrency; `build` writes it per engine."""
+
+    max_draft_len: int | None = Field(
+        None, ge=1, le=16, description="Longest chain to try (candidates are 0..this; 0 = no speculation). Default: `build.max_draft_len`."
+    )
+    concurrency: list[int] | None = Field(
+        None, min_length=1, description="Concurrency levels to choose for (1 is always added). Default: `bench.concurrency`."
+    )
+    prompts: str | None = Field(None, description="`builtin:NAME` or a JSONL file measured on. Default: `bench.prompts`.")
+    num_prompts: int = Field(6, ge=1, le=10000, description="Prompts decoded per candidate draft length.")
+    max_tokens: int = Field(48, ge=2, le=131072, description="Tokens generated per prompt and candidate.")
+    margin: float = Field(
+        0.03, ge=0, le=1,
+        description="A longer draft must beat the best shorter one by this share of tokens/s to be chosen "
+        "(noise on a shared machine; shorter wins ties).",
+    )
+    trtllm_allow_zero: bool = Field(
+        False,
+        description="Let the TensorRT-LLM schedule turn speculation off (draft length 0) above a batch size. Off by default: "
+        "on EAGLE-3's one-model path a 0 leaves the draft KV cache stale and acceptance collapses when the batch "
+        "shrinks again (TensorRT-LLM PR #16888); draft length 1 is the floor instead.",
+    )
+    plots: bool = Field(True, description="Write tune.png (predicted and measured tokens/s per draft length).")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _one_level(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int) else value
+
+    @model_validator(mode="after")
+    def _levels(self) -> "TuneSpec":
+        if self.concurrency is not None and any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        return self
+
+
 class Recipe(_Strict):
     """A specconvert recipe."""
 
@@ -399,6 +436,7 @@ class Recipe(_Strict):
         default_factory=ServeTestSpec, description="Checks `specconvert serve-test` runs against the served bundle."
     )
     bench: BenchSpec = Field(default_factory=BenchSpec, description="Load test of the served bundle (`specconvert bench`).")
+    tune: TuneSpec = Field(default_factory=TuneSpec, description="Draft-length tuning (`specconvert tune`), picked up by build.")
 
     # Not part of the schema: where the recipe was read from (for relative paths).
     _base_dir: Path = Path(".")

@@ -36,6 +36,7 @@ from . import (  # noqa: E402  (registers commands)
     inspect_cmd,
     recipe_cmd,
     serve_cmd,
+    tune_cmd,
 )
 
 recipe_cmd.register(app)
@@ -45,6 +46,7 @@ build_cmd.register(app)
 generate_cmd.register(app)
 serve_cmd.register(app)
 bench_cmd.register(app)
+tune_cmd.register(app)
 
 
 @app.callback()

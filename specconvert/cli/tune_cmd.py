@@ -1,0 +1,35 @@
+"""`specconvert tune`: measure, then choose the draft length per concurrency for every engine."""
+
+from __future__ import annotations
+
+from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+
+
+def tune(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Measure acceptance and step costs per draft length -> <workdir>/tune/; `build` writes the chosen schedules."""
+    from .. import output
+    from ..stages import tune as tune_stage
+
+    loaded = start(recipe, set_, json_out, quiet)
+    result = tune_stage.run(loaded, force=force)
+    manifest = result.manifest
+    if json_out:
+        output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})
+        return
+    schedules = manifest.get("schedules") or {}
+    rows = [("tune", str(tune_stage.tune_dir(loaded)) + ("  (up to date, skipped)" if result.skipped else "")),
+            ("per-position acceptance", manifest.get("per_position_acceptance")),
+            ("draft length per concurrency", manifest.get("choice"))]
+    rows += [(f"{engine} schedule", {k: v for k, v in s.items() if k != "notes"}) for engine, s in schedules.items()]
+    rows += [("verdict", line) for line in manifest.get("verdict") or []]
+    output.print_table("specconvert tune", rows)
+
+
+def register(app) -> None:
+    app.command("tune")(tune)

@@ -1,0 +1,60 @@
+"""Each engine's native schedule gives, batch size by batch size, what the tuned segments say."""
+
+import pytest
+
+from specconvert.backends.sglang import schedule as sglang
+from specconvert.backends.trtllm import schedule as trt
+from specconvert.backends.vllm import schedule as vllm
+from specconvert.tuning.model import Segment, draft_len_at, schedule
+
+SEGMENTS = schedule({1: 3, 4: 2, 16: 0})  # 1..2 -> 3, 3..8 -> 2, 9.. -> 0
+
+
+def test_trtllm_schedule_matches_segments_with_the_zero_floor():
+    out = trt.speculative_settings(SEGMENTS, max_batch_size=64, version="1.4.0")
+    assert out["max_draft_len"] == 3
+    sched = out["draft_len_schedule"]
+    assert sched[min(sched)] == out["max_draft_len"]  # llm_args: smallest key maps to max_draft_len
+    # Floor 1 instead of 0 (PR #16888), else exactly the segments, up to max_batch_size.
+    for b in range(1, 65):
+        assert trt.draft_len_at(sched, 3, b) == max(draft_len_at(SEGMENTS, b), 1)
+    assert any("16888" in n for n in out["notes"])
+
+
+def test_trtllm_schedule_may_turn_speculation_off_when_allowed():
+    out = trt.speculative_settings(SEGMENTS, max_batch_size=64, version="1.4.0", allow_zero=True)
+    assert out["draft_len_schedule"] == {2: 3, 8: 2}
+    assert [trt.draft_len_at(out["draft_len_schedule"], 3, b) for b in (1, 2, 3, 8, 9, 64)] == [3, 3, 2, 2, 0, 0]
+
+
+@pytest.mark.parametrize("version, has_schedule", [("1.2.1", False), ("1.2", False), ("1.3.0rc7", False),
+                                                   ("1.3.0rc8", True), ("1.3.0rc27", True), ("1.3", True), ("1.4.0", True)])
+def test_trtllm_lines_without_one_model_schedule_get_one_length(version, has_schedule):
+    out = trt.speculative_settings(SEGMENTS, max_batch_size=64, version=version)
+    assert (out["draft_len_schedule"] is not None) == has_schedule
+    assert out["max_draft_len"] == 3
+
+
+def test_trtllm_no_speculation_at_batch_one():
+    out = trt.speculative_settings([Segment(1, None, 0)], max_batch_size=8, version="1.4.0")
+    assert out["speculate"] is False
+
+
+def test_vllm_entries_match_segments():
+    out = vllm.speculative_settings(SEGMENTS, max_num_seqs=32)
+    assert out["num_speculative_tokens"] == 3
+    entries = out["num_speculative_tokens_per_batch_size"]
+    assert entries[0][0] == 1 and entries == [[1, 2, 3], [3, 8, 2], [9, 32, 0]]
+    for b in range(1, 33):
+        assert vllm.draft_len_at(entries, 3, b) == draft_len_at(SEGMENTS, b)
+
+
+def test_vllm_single_length_and_off():
+    assert vllm.speculative_settings([Segment(1, None, 2)], 8)["num_speculative_tokens_per_batch_size"] is None
+    assert vllm.speculative_settings([Segment(1, None, 0)], 8)["speculate"] is False
+
+
+def test_sglang_takes_the_most_common_winner():
+    out = sglang.speculative_settings({1: 3, 2: 2, 4: 2})
+    assert out["draft_len"] == 2 and out["flags"][-1] == "3"  # num_draft_tokens = steps + 1 with top-k 1
+    assert sglang.speculative_settings({1: 0, 4: 0})["speculate"] is False

@@ -1,0 +1,58 @@
+"""Tuning arithmetic: predictions, choices and schedules, without a model."""
+
+import pytest
+
+from specconvert.tuning import model as M
+
+
+def test_tokens_per_step_is_one_plus_prefix_of_acceptance():
+    p = [0.35, 0.14, 0.06]
+    assert M.tokens_per_step(p, 0) == 1.0
+    assert M.tokens_per_step(p, 2) == pytest.approx(1.49)
+    with pytest.raises(ValueError):
+        M.tokens_per_step(p, 4)
+
+
+def test_prediction_reproduces_the_demo_arithmetic():
+    # Demo head on this CPU: chain 3 verifies at 1.5x a plain step and accepts 0.25/0.07/0.01.
+    costs = {(0, 1): 0.045, (3, 1): 0.045 * 1.5}
+    preds = {(p.draft_len, p.concurrency): p for p in M.predict([0.25, 0.07, 0.01], costs)}
+    assert preds[(0, 1)].tokens_per_second == pytest.approx(1 / 0.045)
+    assert preds[(3, 1)].tokens_per_second / preds[(0, 1)].tokens_per_second == pytest.approx(1.33 / 1.5)
+
+
+def test_serialised_engine_does_not_multiply_by_concurrency():
+    costs = {(0, 4): 0.1}
+    batched = M.predict([], costs)[0]
+    serial = M.predict([], costs, requests_per_step={4: 1})[0]
+    assert batched.tokens_per_second == pytest.approx(4 * serial.tokens_per_second)
+
+
+def test_interpolated_costs_are_linear_and_hit_the_ends():
+    t = M.interpolate_step_costs(0.1, 0.16, 3)
+    assert t[0] == 0.1 and t[3] == pytest.approx(0.16) and t[1] == pytest.approx(0.12)
+
+
+@pytest.mark.parametrize("rates, expected", [
+    pytest.param({(0, 1): 10.0, (1, 1): 10.2, (2, 1): 13.0}, {1: 2}, id="clear-winner"),
+    pytest.param({(0, 1): 10.0, (1, 1): 10.2}, {1: 0}, id="within-margin-shorter-wins"),
+    pytest.param({(0, 1): 10.0, (2, 1): 9.0, (0, 4): 40.0, (2, 4): 30.0}, {1: 0, 4: 0}, id="never-pays"),
+])
+def test_best_per_level(rates, expected):
+    assert M.best_per_level(rates, margin=0.03) == expected
+
+
+def test_schedule_is_monotone_and_switches_between_levels():
+    segs = M.schedule({1: 3, 2: 3, 4: 1, 8: 2, 16: 0})
+    # 8 asked for more than 4: clamped to 1, no island; the switch to 0 sits between 8 and 16.
+    assert [(s.start, s.end, s.draft_len) for s in segs] == [(1, 2, 3), (3, 11, 1), (12, None, 0)]
+    assert [M.draft_len_at(segs, b) for b in (1, 2, 3, 8, 11, 12, 100)] == [3, 3, 1, 1, 1, 0, 0]
+
+
+def test_schedule_needs_batch_one():
+    with pytest.raises(ValueError):
+        M.schedule({2: 1, 4: 0})
+
+
+def test_single_choice_is_one_unbounded_segment():
+    assert M.schedule({1: 2, 4: 2}) == [M.Segment(1, None, 2)]

@@ -1,0 +1,70 @@
+"""`specconvert tune` on a tiny converted pair: every candidate runs, the table and schedules are written,
+a head that accepts nothing turns speculation off for every engine, and a rerun is skipped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.serving.conftest import _cli
+
+
+@pytest.fixture(scope="module")
+def tiny_recipe(tmp_path_factory):
+    from tests.helpers.heads import write_head
+    from tests.tiny_models import write_tiny_target
+
+    root = tmp_path_factory.mktemp("tune")
+    write_tiny_target(root / "target")
+    write_head(root / "head", "modelopt")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t}]})
+                                 for t in ("Name three colours.", "Hi!", "Count to five.")) + "\n")
+    recipe = {
+        "schema_version": 1, "name": "tiny-tune", "workdir": "work",
+        "target": {"model": str(root / "target"), "dtype": "float32"},
+        "draft": {"model": str(root / "head")},
+        "build": {"max_draft_len": 2, "max_batch_size": 16},
+        "runtime": {"backend": "reference", "device": "cpu", "trtllm_version": "1.4"},
+        "bench": {"concurrency": [1, 4]},
+        "tune": {"prompts": str(prompts), "num_prompts": 3, "max_tokens": 12, "plots": False},
+    }
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert _cli("convert", path) == 0
+    return root, path
+
+
+def test_tune_measures_every_candidate_and_turns_off_a_useless_head(tiny_recipe, capsys):
+    root, path = tiny_recipe
+    assert _cli("tune", path, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    report = json.loads((root / "work" / "tune" / "report.json").read_text())
+    # Every (draft length, level) has a prediction and a measurement.
+    cells = {(r["draft_len"], r["concurrency"]) for r in report["table"]}
+    assert cells == {(k, b) for k in (0, 1, 2) for b in (1, 4)}
+    assert all(r["measured_tokens_per_second"] > 0 and r["predicted_tokens_per_second"] > 0 for r in report["table"])
+    assert all(m["identical_to_plain"] for m in report["measurements"])
+    # A random head accepts (almost) nothing: nowhere does drafting pay, so every engine serves plain.
+    assert report["per_position_acceptance"][0] < 0.2
+    assert report["choice"] == {"1": 0, "4": 0}
+    schedules = out["manifest"]["schedules"]
+    assert not schedules["vllm"]["speculate"] and not schedules["trtllm"]["speculate"]
+    assert not schedules["sglang"]["speculate"] and not schedules["reference"]["speculate"]
+    assert any("does not pay" in line for line in report["verdict"])
+    assert "| concurrency | draft length |" in (root / "work" / "tune" / "report.md").read_text()
+
+
+def test_rerun_is_skipped(tiny_recipe, capsys):
+    _, path = tiny_recipe
+    assert _cli("tune", path, "--json") == 0
+    capsys.readouterr()
+    assert _cli("tune", path, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] is True
+
+
+def test_tune_refuses_an_engine_it_cannot_measure(tiny_recipe):
+    _, path = tiny_recipe
+    assert _cli("tune", path, "--set", "runtime.backend=trtllm") == 2
