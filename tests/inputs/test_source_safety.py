@@ -123,3 +123,19 @@ def test_no_hard_links_anywhere_in_the_package():
     root = Path(__file__).resolve().parents[2] / "specconvert"
     offenders = [str(p) for p in root.rglob("*.py") if "os.link(" in p.read_text(encoding="utf-8")]
     assert offenders == [], "hard links share the user's inode: an edit in the workdir reaches the source"
+
+
+def test_copy_without_copy_file_range_still_copies_every_byte(tmp_path, monkeypatch):
+    import fcntl
+
+    from specconvert.models.copying import clone_file
+
+    def refuse(*args):
+        raise OSError(errno.ENOSYS, "not here")
+
+    monkeypatch.setattr(fcntl, "ioctl", refuse)
+    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    src = tmp_path / "w.safetensors"
+    src.write_bytes(os.urandom(17 * 1024 * 1024 + 3))
+    assert clone_file(src, tmp_path / "copy") == "copy"
+    assert (tmp_path / "copy").read_bytes() == src.read_bytes()
