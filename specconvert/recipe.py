@@ -162,7 +162,7 @@ class QuantizeSpec(_Strict):
 
     format: Literal["none", "fp8", "int4_awq", "nvfp4"] = Field(
         "none",
-        description="`none` keeps the target as is (hard-linked, not copied). `fp8` and `int4_awq` "
+        description="`none` keeps the target as is (its own copy in convert/target: a reflink where the filesystem clones). `fp8` and `int4_awq` "
         "calibrate on CPU or GPU; `nvfp4` needs CUDA.",
     )
     calib_samples: int = Field(64, ge=1, description="Calibration prompts.")
