@@ -106,7 +106,10 @@ def gguf_file(spec: str, key: str) -> Path:
         raise InputError(f"{key}: '{package}' in '{spec}' is not the name of a top-level Python package",
                          fix=f"name the installed package that holds the file, {example}")
     found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
+    if found is not None and not found.submodule_search_locations:
+        raise InputError(f"{key}: '{package}' is a single module, not a package folder that can hold {name}",
+                         fix=f"name the installed package that holds the file, {example}")
+    if found is None:
         pip_name = package.replace("_", "-")
         raise InputError(
             f"{key}: Python package '{package}' holding {name} is not installed",

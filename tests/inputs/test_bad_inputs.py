@@ -102,6 +102,14 @@ def workdir_in_target(w: World):
     return ["--set", f"workdir={w.target / 'runs'}"]
 
 
+def workdir_in_head(w: World):
+    from tests.helpers.heads import write_head
+
+    head = write_head(w.root / "head", "modelopt")
+    w.draft = f"  model: {head}"
+    return ["--set", f"workdir={head / 'runs'}"]
+
+
 def workdir_is_file(w: World):
     (w.root / "runs").write_text("my notes, not a folder\n")
 
@@ -179,6 +187,7 @@ ROWS = [
     Row("target-symlink-leaves-folder", link_outside, "outside the checkpoint folder"),
     Row("target-symlink-broken", broken_link, "is a broken symlink"),
     Row("workdir-inside-target", workdir_in_target, "is inside the target folder"),
+    Row("workdir-inside-head", workdir_in_head, "is inside the draft folder"),
     Row("workdir-is-a-file", workdir_is_file, "is a file, not a folder"),
     Row("workdir-read-only", workdir_read_only, "cannot be written"),
     Row("disk-full-while-copying", disk_full, "no space left on the device"),
@@ -188,6 +197,7 @@ ROWS = [
     Row("calib-builtin-traversal", builtin_traversal, "no built-in set"),
     Row("gguf-not-a-gguf-file", gguf_spec("gguf://json/__init__.py"), "is not a gguf file"),
     Row("gguf-dotted-package-not-imported", gguf_spec("gguf://this.zen/x.gguf"), "not the name of a top-level"),
+    Row("gguf-module-not-package-not-run", gguf_spec("gguf://this/x.gguf"), "is a single module"),
     Row("gguf-path-leaves-package", gguf_spec("gguf://json/../../../../etc/hostname"), "leaves the package folder"),
     Row("head-weights-nan", head_with_nan, "holds nan or inf"),
     Row("recipe-is-a-folder", recipe_is_folder, "is a folder, not a recipe file"),
@@ -209,7 +219,8 @@ def test_bad_input_is_refused_cleanly(cli, tmp_path, template, monkeypatch, caps
         argv = ["convert", *returned[1]]
     elif isinstance(returned, list):
         argv += returned
-    workdir = world.target / "runs" if row.id == "workdir-inside-target" else world.workdir
+    inside = {"workdir-inside-target": world.target / "runs", "workdir-inside-head": world.root / "head" / "runs"}
+    workdir = inside.get(row.id, world.workdir)
     # a workdir that is the user's file is part of what must stay unchanged
     skip = () if row.id == "workdir-is-a-file" else (workdir,)
     before = tree_state(world.root, skip=skip)
@@ -231,4 +242,4 @@ def test_bad_input_is_refused_cleanly(cli, tmp_path, template, monkeypatch, caps
 
 def test_row_count():
     """The lead reports 'bad inputs N/N refused cleanly' from this number."""
-    assert len(ROWS) == len({r.id for r in ROWS}) == 22
+    assert len(ROWS) == len({r.id for r in ROWS}) == 24
