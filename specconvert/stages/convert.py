@@ -2,9 +2,10 @@
 
 Reads recipe ``target``, ``draft``, ``quantize``; writes ``<workdir>/convert/``:
 ``target/`` (the target's own copy, a reflink where the filesystem clones, or the
-quantized HF checkpoint), ``draft/`` (canonical EAGLE-3 head), ``manifest.json``. Every check that silently kills acceptance (hidden size,
-vocab, d2t range, aux layers, rope, dims) runs before any heavy work, and the
-import proves itself lossless by reading the exported tensors back.
+quantized HF checkpoint), ``draft/`` (canonical EAGLE-3 head), ``manifest.json``.
+Every check that silently kills acceptance (hidden size, vocab, d2t range, aux
+layers, rope, dims) runs before any heavy work, and the import proves itself
+lossless by reading the exported tensors back.
 """
 
 from __future__ import annotations
