@@ -37,8 +37,9 @@ def source_path(spec: str, key: str, base_dir: Path) -> Path | None:
         return None
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
-        path = _BUILTIN_DIR / f"{name}.jsonl"
-        if not path.is_file():
+        path = (_BUILTIN_DIR / f"{name}.jsonl").resolve()
+        # a name, not a path: builtin:../../x must not reach outside the shipped sets
+        if name not in builtin_names() or not path.is_relative_to(_BUILTIN_DIR.resolve()) or not path.is_file():
             raise InputError(f"{key}: no built-in set '{name}'", fix=f"use one of: {', '.join('builtin:' + n for n in builtin_names())}")
         return path
     path = Path(spec).expanduser()
@@ -53,7 +54,10 @@ def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
     path = source_path(spec, key, base_dir)
     if path is None:
         return _python_docs()
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{key}: {path} is not UTF-8 text (byte {exc.start})", fix="save the file as UTF-8") from None
     if path.suffix == ".jsonl":
         samples = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -65,12 +69,30 @@ def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
                 raise InputError(f"{key}: {path}:{number} is not valid JSON ({exc.msg})", fix="one JSON object per line") from None
             if not isinstance(item, dict) or not ({"text", "prompt", "messages"} & set(item)):
                 raise InputError(f"{key}: {path}:{number} needs a 'text', 'prompt' or 'messages' field", fix='e.g. {"prompt": "..."}')
+            problem = _messages_problem(item.get("messages")) if "messages" in item else None
+            if problem:
+                raise InputError(f"{key}: {path}:{number}: 'messages' {problem}",
+                                 fix='write a list of {"role": ..., "content": "..."} objects, or use "prompt" for plain text')
             samples.append(item)
     else:
         samples = [{"text": block.strip()} for block in text.split("\n\n") if block.strip()]
     if not samples:
         raise InputError(f"{key}: {path} holds no samples", fix="add at least one line")
     return samples
+
+
+def _messages_problem(messages: Any) -> str | None:
+    """Why ``messages`` is not a chat (None when it is): caught while reading, not after a model loads."""
+    if not isinstance(messages, list):
+        return f"is a {type(messages).__name__}, not a list of messages"
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"item {n} is a {type(message).__name__}, not an object with role and content"
+        content = message.get("content", "")
+        parts_ok = isinstance(content, list) and all(isinstance(part, dict) for part in content)  # OpenAI content parts
+        if not isinstance(message.get("role", "user"), str) or not (isinstance(content, str) or parts_ok):
+            return f"item {n} needs a string 'role' and a string 'content'"
+    return None
 
 
 def sample_text(sample: dict[str, Any], tokenizer: Any = None) -> str:

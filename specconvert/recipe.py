@@ -181,7 +181,7 @@ class QuantizeSpec(_Strict):
 
     format: Literal["none", "fp8", "int4_awq", "nvfp4"] = Field(
         "none",
-        description="`none` keeps the target as is (hard-linked, not copied). `fp8` and `int4_awq` "
+        description="`none` keeps the target as is (its own copy in convert/target: a reflink where the filesystem clones). `fp8` and `int4_awq` "
         "calibrate on CPU or GPU; `nvfp4` needs CUDA.",
     )
     calib_samples: int = Field(64, ge=1, description="Calibration prompts.")
@@ -476,8 +476,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise InputError(f"--set '{text}' has an empty key", fix="write it as --set build.max_draft_len=4")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        # Passing the raw text on made the schema answer "Input should be 'auto'", far from the cause.
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(
+            f"--set {key.strip()}: value {raw!r} is not valid YAML ({problem})",
+            fix=f"""quote it as a YAML string, e.g. --set '{key.strip()}="..."', or fix the brackets""",
+        ) from None
     return parts, value
 
 
@@ -501,6 +506,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read, override and validate a recipe. Raises :class:`InputError` listing every problem."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(str(p) for p in path.glob("*.yaml"))[:3]
+        raise InputError(f"recipe '{path}' is a folder, not a recipe file",
+                         fix=f"pass one of its YAML files: {', '.join(inside)}" if inside else "pass a recipe YAML file")
     if not path.is_file():
         raise InputError(f"recipe file '{path}' does not exist", fix="pass the path of a recipe YAML, e.g. recipes/smollm2-135m-eagle3-cpu.yaml")
     try:

@@ -108,3 +108,29 @@ def test_there_are_gpu_recipes_too():
     recipes = [load_recipe(p) for p in (REPO / "recipes").rglob("*.yaml")]
     assert any(r.runtime.backend == "trtllm" for r in recipes)
     assert any(r.quantize.format == "fp8" for r in recipes)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("workdir=runs/x y", "runs/x y"),
+        ("target.model=$(touch X)", "$(touch X)"),  # valid YAML text; the schema decides what it may be
+        ("draft.aux_layers=[1, 3, 4]", [1, 3, 4]),
+        ("runtime.host=", None),
+    ],
+    ids=["path-with-space", "shell-looking-text", "list", "empty"],
+)
+def test_set_values_that_are_yaml_still_parse(text, expected):
+    from specconvert.recipe import parse_override
+
+    assert parse_override(text)[1] == expected
+
+
+@pytest.mark.parametrize("raw", ["[1, 3", "{a: 1", "*alias", "@value"], ids=["open-list", "open-map", "alias", "reserved-char"])
+def test_set_value_that_is_not_yaml_names_the_value(raw):
+    from specconvert.errors import InputError
+    from specconvert.recipe import parse_override
+
+    with pytest.raises(InputError) as exc:
+        parse_override(f"draft.aux_layers={raw}")
+    assert "is not valid YAML" in exc.value.message and repr(raw) in exc.value.message

@@ -60,6 +60,20 @@ def _debug_enabled(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("SPECCONVERT_DEBUG", "") not in ("", "0")
 
 
+def _disk_problem(exc: BaseException) -> str | None:
+    """A full or unwritable disk is the user's to fix (exit 2, README "Errors and exit codes"), not a crash."""
+    import errno
+
+    if not isinstance(exc, OSError):
+        return None
+    where = f" writing {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device{where} ({exc.strerror}). Fix: free space there, or set workdir on a larger disk"
+    if exc.errno in (errno.EROFS, errno.EACCES):
+        return f"cannot write{where} ({exc.strerror}). Fix: set workdir to a folder this user can write"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _debug_enabled(argv)
@@ -89,6 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # the one place unexpected errors are summarised
         if debug:
             traceback.print_exc()
+        disk = _disk_problem(exc)
+        if disk:
+            print(f"error: {disk}", file=sys.stderr)
+            sys.exit(2)
         print(
             f"error: unexpected {type(exc).__name__}: {exc}. Run again with --debug for the traceback",
             file=sys.stderr,

@@ -48,7 +48,7 @@ def convert(
         f"convert: {loaded.name}" + (" (unchanged, reused)" if skipped else ""),
         [
             ("target", f"{target['source']} ({target['architecture']}, {target['num_hidden_layers']} layers, hidden {target['hidden_size']}, vocab {target['vocab_size']})"),
-            ("target out", f"{manifest['artifacts']['target_dir']} ({'hard-linked' if target.get('linked') else quant['format']})"),
+            ("target out", f"{manifest['artifacts']['target_dir']} ({(target.get('copy') or {}).get('method') or quant['format']})"),
             ("dtype", target["dtype"]),
             ("quantization", quant["format"] if quant["format"] == "none" else f"{quant['quant_algo']} (kv cache: {quant.get('kv_cache_quant_algo')})"),
             ("draft head", f"{head}" + (f" [{draft['layout']} layout]" if draft.get("layout") else "")),

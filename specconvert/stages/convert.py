@@ -1,16 +1,16 @@
 """The ``convert`` stage: target + EAGLE-3 head -> a canonical, validated pair.
 
 Reads recipe ``target``, ``draft``, ``quantize``; writes ``<workdir>/convert/``:
-``target/`` (hard-linked or quantized HF checkpoint), ``draft/`` (canonical EAGLE-3
-head), ``manifest.json``. Every check that silently kills acceptance (hidden size,
-vocab, d2t range, aux layers, rope, dims) runs before any heavy work, and the
-import proves itself lossless by reading the exported tensors back.
+``target/`` (the target's own copy, a reflink where the filesystem clones, or the
+quantized HF checkpoint), ``draft/`` (canonical EAGLE-3 head), ``manifest.json``.
+Every check that silently kills acceptance (hidden size, vocab, d2t range, aux
+layers, rope, dims) runs before any heavy work, and the import proves itself
+lossless by reading the exported tensors back.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -21,8 +21,10 @@ from .. import output
 from .._imports import require
 from ..errors import InputError
 from ..manifest import stage_dir, tree_fingerprint, up_to_date
+from ..models.copying import copy_tree, source_files
 from ..models.sources import ResolvedModel, resolve_model
 from ..recipe import Recipe
+from .preflight import check_target_weights, check_workdir, read_target_config
 
 STAGE = "convert"
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -57,15 +59,20 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
     from .. import heads as layouts
 
     target = resolve_model(recipe.target.model, "target.model", recipe.base_dir, recipe.target.revision)
-    config = json.loads((target.path / "config.json").read_text())
+    config = read_target_config(target.path)
     _check_remote_code(config, recipe)
     info = layouts.TargetInfo.from_config(config)
+    check_target_weights(target.path)
+    source_files(target.path, "target.model")  # refuses links that leave the folder, before anything is written
     dtype = recipe.target.dtype if recipe.target.dtype != "auto" else _checkpoint_dtype(config)
     if recipe.quantize.format != "none":
         from ..backends.modelopt.quantize import check_environment, check_shapes
+        from ..prompts import load_samples
 
         check_environment(recipe.quantize.format, _device(recipe))
         check_shapes(recipe.quantize.format, config)
+        # read now so a missing or malformed file stops the run before the target loads
+        load_samples(recipe.quantize.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
 
     warnings: list[str] = []
     head = head_source = head_layout = None
@@ -95,6 +102,8 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
         n_aux, head_aux = len(default_aux_layer_ids(info.num_hidden_layers)), None
         if recipe.draft.aux_layers != "auto":
             n_aux = len(recipe.draft.aux_layers)
+    sources = [("target", target.path)] + ([("draft", head_source.path)] if head_source else [])
+    check_workdir(recipe.workdir_path, sources)
     aux, note = layouts.resolve_aux_layers(
         recipe.draft.aux_layers, recipe.draft.aux_layer_convention, head_aux, n_aux, info.num_hidden_layers
     )
@@ -263,38 +272,21 @@ def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, 
     }
     t0 = time.perf_counter()
     if recipe.quantize.format == "none":
-        linked = link_tree(p.target.path, out)
-        section["linked"] = linked
-        section["dir"] = out if linked else p.target.path
+        # Own copies (reflinks where the filesystem clones), never hard links: an edit or a chmod
+        # under convert/target must not reach the user's checkpoint or the hub cache's blobs.
+        copied = copy_tree(source_files(p.target.path, "target.model"), out)
+        section["dir"] = out
+        section["copy"] = copied
         section["quantization"] = {"format": "none", "kv_cache_quant_algo": None}
-        how = "hard-linked into convert/target" if linked else f"referenced in place at {p.target.path} (another filesystem)"
-        output.check(True, f"target {how}, nothing copied")
+        how = ("cloned (copy-on-write reflinks)" if copied["method"] == "reflink"
+               else f"copied ({copied['bytes'] / 1e6:.1f} MB in {copied['seconds']:.2f} s)")
+        output.check(True, f"target {how} into convert/target; the source is never written")
     else:
         section["dir"] = out
-        section["linked"] = False
+        section["copy"] = None
         section["quantization"] = _quantize_target(recipe, p, out, timings)
     timings["target_s"] = round(time.perf_counter() - t0, 3)
     return section
-
-
-def link_tree(src: Path, dst: Path) -> bool:
-    """Hard-link every file of ``src`` into ``dst``. False (and nothing left) if the filesystem refuses."""
-    dst.mkdir(parents=True, exist_ok=True)
-    try:
-        for path in sorted(src.rglob("*")):
-            rel = path.relative_to(src)
-            if any(part.startswith(".") for part in rel.parts):
-                continue
-            target = dst / rel
-            if path.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif path.is_file():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.link(path.resolve(), target)
-    except OSError:
-        shutil.rmtree(dst, ignore_errors=True)
-        return False
-    return True
 
 
 def _load_target(recipe: Recipe, p: ConvertPlan, device: str):

@@ -56,9 +56,10 @@ def test_random_head_then_cached_then_rerun_on_change(cli, tmp_path, target):
     assert config["rope_scaling"] is None and config["torch_dtype"] == "float32"
     tensors = load_exported(draft_dir)
     assert tensors["fc.weight"].shape == (64, 3 * 64)
-    # target reused by hard link, not copied
+    # the target's own copy (never a hard link: edits there must not reach the source)
     target_dir = Path(manifest["artifacts"]["target_dir"])
-    assert (target_dir / "model.safetensors").stat().st_ino == (target / "model.safetensors").stat().st_ino
+    assert (target_dir / "model.safetensors").stat().st_ino != (target / "model.safetensors").stat().st_ino
+    assert (target_dir / "model.safetensors").read_bytes() == (target / "model.safetensors").read_bytes()
     assert (tmp_path / "runs/tiny/convert/manifest.json").is_file()
 
     second = cli("convert", recipe, "--json")
