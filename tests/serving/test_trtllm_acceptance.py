@@ -238,3 +238,42 @@ def test_perf_metrics_never_carries_an_eagle3_block(serve, line):
     httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 8})
     entries = httpx.get(url + "/perf_metrics").json()
     assert entries and all("speculative_decoding" not in e["perf_metrics"] for e in entries)
+
+
+# ---------------------------------------------------------------- the verdict never judges a missing number
+
+
+def _evaluate(acceptance, min_tau=1.5):
+    from types import SimpleNamespace
+
+    from specconvert.recipe import ServeTestSpec
+    from specconvert.serving.verdict import evaluate
+
+    spec = ServeTestSpec(min_acceptance_length=min_tau, stream=False)
+    run = SimpleNamespace(spec=spec, prompts=[], results={}, servers=[], metrics_available={}, acceptance=acceptance)
+    report = evaluate(run)
+    check = next(c for c in report["checks"] if c["name"].startswith("acceptance length"))
+    case = next(c for s in report["junit"] for c in s.cases if c.name == check["name"])
+    return report, check, case
+
+
+def test_unmeasurable_acceptance_is_skipped_with_its_reason_not_failed():
+    from specconvert.serving.acceptance import unavailable
+
+    report, check, case = _evaluate(unavailable("trtllm 1.2", "iteration_stats: no iteration carried specDecodingStats"))
+    assert check["passed"] is None and check["skipped"] and check["value"] is None
+    assert check["message"] == "not measurable: iteration_stats: no iteration carried specDecodingStats"
+    assert case.status == "skipped"
+    assert report["summary"]["acceptance_length"] is None
+
+
+@pytest.mark.parametrize("tau, passed", [(2.25, True), (1.2, False)])
+def test_measured_acceptance_is_judged_and_names_its_source(tau, passed):
+    from specconvert.serving.acceptance import from_counts
+
+    acc = from_counts("trtllm iteration stats (/metrics specDecodingStats)", drafts=4, draft_tokens=12,
+                      accepted_tokens=round((tau - 1) * 4))
+    report, check, case = _evaluate(acc)
+    assert check["passed"] is passed and case.status == ("passed" if passed else "failed")
+    assert "measured: trtllm iteration stats" in check["message"]
+    assert report["summary"]["acceptance"]["source"].startswith("measured: trtllm iteration stats")
