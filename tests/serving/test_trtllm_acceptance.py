@@ -277,3 +277,16 @@ def test_measured_acceptance_is_judged_and_names_its_source(tau, passed):
     assert check["passed"] is passed and case.status == ("passed" if passed else "failed")
     assert "measured: trtllm iteration stats" in check["message"]
     assert report["summary"]["acceptance"]["source"].startswith("measured: trtllm iteration stats")
+
+
+def test_bench_takes_the_readers_acceptance_in_its_shape():
+    from specconvert.bench.metrics import acceptance_from_reader
+    from specconvert.serving.acceptance import unavailable
+
+    exact = acceptance_from_reader(T.from_iteration_stats(
+        [{"specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 5, "numRequestsWithDraftTokens": 4}}]))
+    assert exact["acceptance_length"] == 2.25 and exact["acceptance_rate"] == round(5 / 12, 4) and not exact["estimate"]
+    assert exact["source"].startswith("measured: trtllm iteration stats")
+    derived = acceptance_from_reader(T.from_prometheus({}, T.parse_prometheus(PROM_AFTER), MAX_DRAFT_LEN))
+    assert derived["estimate"] and "max_draft_len" in derived["note"]
+    assert acceptance_from_reader(unavailable("trtllm 1.2", "nothing")) is None

@@ -25,7 +25,7 @@ class OptionSpellingError(RuntimeError):
     """specconvert itself emitted a key the targeted TensorRT-LLM version does not know (a bug)."""
 
 
-# Requests whose metrics trtllm-serve keeps for /perf_metrics (emptied on each read).
+# Requests whose metrics trtllm-serve keeps for /perf_metrics (emptied on each read; a no-op on 1.4).
 PERF_METRICS_MAX_REQUESTS = 1024
 
 
@@ -191,8 +191,10 @@ def llm_api_options(
     if build.sampler != "auto" and not outside_release("sampler_type", target.spelling.family, target.version) \
             and "sampler_type" in option_names(target.spelling.family)["top_level"]:
         options["sampler_type"] = {"torch": "TorchSampler", "trtllm": "TRTLLMSampler"}[build.sampler]
-    # Acceptance statistics (specDecodingStats) come with the iteration stats; trtllm-serve's
-    # per-request /perf_metrics (what serve-test and bench read) needs both keys below.
+    # Where acceptance comes from (data/trtllm/acceptance_sources.json): specDecodingStats in the
+    # iteration stats at /metrics need enable_iter_perf_stats; the Prometheus spec-decode counters
+    # need return_perf_metrics too. perf_metrics_max_requests feeds /perf_metrics on 1.2/1.3 (whose
+    # EAGLE-3 entries carry no acceptance) and is a no-op on 1.4, which removed the route.
     options["enable_iter_perf_stats"] = True
     options["return_perf_metrics"] = True
     options["perf_metrics_max_requests"] = PERF_METRICS_MAX_REQUESTS
