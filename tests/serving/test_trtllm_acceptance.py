@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import os
 import signal
+import threading
 import socket
 import subprocess
 import sys
@@ -290,3 +291,66 @@ def test_bench_takes_the_readers_acceptance_in_its_shape():
     derived = acceptance_from_reader(T.from_prometheus({}, T.parse_prometheus(PROM_AFTER), MAX_DRAFT_LEN))
     assert derived["estimate"] and "max_draft_len" in derived["note"]
     assert acceptance_from_reader(unavailable("trtllm 1.2", "nothing")) is None
+
+
+# ---------------------------------------------------------------- the stream-chunk estimate against a known tau
+
+
+@pytest.fixture(scope="module")
+def reference_engines(built_bundle):
+    import torch
+
+    from specconvert.serving.engine import load_engine
+
+    torch.set_num_threads(1)
+    root, _ = built_bundle
+    return {d: load_engine(root / "work" / "engine", "tiny-serve", device="cpu", drafter=d) for d in ("eagle", "oracle")}
+
+
+ESTIMATE_PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "1, 2, 3, 4,", "Hello"]
+
+
+async def _estimate_vs_exact(url: str, max_tokens: int):
+    from specconvert.serving.acceptance import from_stream_chunks
+    from specconvert.serving.metrics import aggregate, request_stats
+
+    async with OpenAIClient(url, request_timeout_s=60) as client:
+        await client.perf_metrics()
+        tokens, chunks = [], []
+        for prompt in ESTIMATE_PROMPTS:
+            done = await client.complete("tiny-serve", prompt, max_tokens=max_tokens, temperature=0.0, stream=True)
+            tokens.append(len(done.token_ids) if done.token_ids is not None else done.completion_tokens)
+            chunks.append(len(done.chunks))
+        entries = await client.perf_metrics()
+    exact = aggregate([request_stats(e, MAX_DRAFT_LEN) for e in entries])["acceptance_length"]
+    return from_stream_chunks(tokens, chunks), exact
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "oracle"])
+def test_stream_chunk_estimate_matches_the_reference_servers_exact_tau(reference_engines, drafter):
+    """Measured: on the reference server (one SSE chunk per verification step) the estimate's error is 0
+    for a random head (tau ~1) and for the oracle drafter (tau at its maximum, 1 + max_draft_len)."""
+    import uvicorn
+
+    from specconvert.serving.app import create_app
+    from specconvert.serving.process import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(reference_engines[drafter]), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        estimate, exact = asyncio.run(_estimate_vs_exact(f"http://127.0.0.1:{port}", 24))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert estimate.label == "estimated: stream chunks" and exact is not None
+    print(f"drafter={drafter}: exact tau {exact:.4f}, stream-chunk estimate {estimate.acceptance_length:.4f}, "
+          f"error {estimate.acceptance_length - exact:+.4f}")
+    assert estimate.acceptance_length == pytest.approx(exact, abs=1e-3)
+    if drafter == "oracle":
+        assert exact == pytest.approx(1 + MAX_DRAFT_LEN, abs=0.35)  # the last step of each request is cut short
