@@ -245,3 +245,16 @@ def test_auto_disable_threshold_must_be_a_length(project, cli):
     result = cli("build", project.recipe_path, "--no-load", "--set", "build.disable_below_acceptance_length.threshold=0.5",
                  "--set", "build.disable_below_acceptance_length.window=8")
     assert result.code == 2 and "disable_below_acceptance_length.threshold" in result.err
+
+
+def test_resolve_warns_when_the_pinned_release_candidate_is_not_the_installed_one():
+    target = versions.resolve("1.3.0rc20", installed="1.3.0rc27")
+    assert target.version == "1.3.0rc27"
+    assert any("runtime.trtllm_version is 1.3.0rc20" in w for w in target.warnings)
+    assert versions.resolve("1.3.0rc27", installed="1.3.0rc27").warnings == ()
+
+
+@pytest.mark.parametrize("version, line", [("1.2", "1.2"), ("1.3.0rc20", "1.3-early"), ("1.3.0rc27", "1.3"),
+                                           ("1.4.0rc4", "1.4")])
+def test_manifest_decisions_name_the_acceptance_line(version, line):
+    assert versions.resolve(version, installed=None, detect=False).as_dict()["trtllm_acceptance_line"] == line

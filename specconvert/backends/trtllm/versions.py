@@ -97,7 +97,15 @@ class TargetVersion:
             "decoding_type": self.spelling.decoding_type,
             "draft_model_key": self.spelling.model_key,
             "speculative_config_class": self.spelling.config_class,
+            # where a running trtllm-serve of this release serves acceptance (data/trtllm/acceptance_sources.json)
+            "trtllm_acceptance_line": _acceptance_line(self.version),
         }
+
+
+def _acceptance_line(version: str) -> str:
+    from .acceptance import line_for
+
+    return line_for(version)["line"]
 
 
 def spelling_for(version: str) -> tuple[Spelling, list[str]]:
@@ -131,7 +139,9 @@ def resolve(pinned: str = "auto", installed: str | None = None, detect: bool = T
     warnings: list[str] = []
     if installed:
         version, source = installed, "installed"
-        if pinned != "auto" and parse_version(pinned)[:2] != parse_version(installed)[:2]:
+        # Option names differ between release candidates of one line (options data `releases`), so a
+        # pin that names another release than the installed one is worth a warning too.
+        if pinned != "auto" and parse_release(pinned) != parse_release(installed):
             warnings.append(
                 f"runtime.trtllm_version is {pinned} but TensorRT-LLM {installed} is installed; "
                 f"the bundle uses {installed}'s spellings"
