@@ -172,7 +172,9 @@ def acceptance_from_server(items: Sequence[dict[str, Any]], max_draft_len: int |
     Parsed by serve's ``serving.metrics`` (so serve-test and bench agree): the reference server's
     ``specconvert`` block gives exact per-step counts (per-position rates too); TensorRT-LLM's
     ``speculative_decoding`` totals give an exact rate, and a length that assumes ``max_draft_len``
-    drafted tokens per step (``estimate: true``). Without ``max_draft_len`` (``--url`` without a
+    drafted tokens per step (``estimate: true``). trtllm-serve never fills that block for EAGLE-3
+    (TorchSampler) and 1.4 has no ``/perf_metrics``: read a trtllm-serve through
+    ``backends.trtllm.acceptance.AcceptanceReader`` and :func:`acceptance_from_reader` instead. Without ``max_draft_len`` (``--url`` without a
     recipe) the steps are counted as ``last_iter - first_iter`` (the first iteration is the prefill).
     """
     from ..serving.metrics import aggregate, request_stats
@@ -207,6 +209,24 @@ def acceptance_from_server(items: Sequence[dict[str, Any]], max_draft_len: int |
                        + (f"assuming {max_draft_len} draft tokens per step" if max_draft_len else
                           "counting last_iter - first_iter verify steps per request"))
     return out
+
+
+def acceptance_from_reader(acc: Any) -> dict[str, Any] | None:
+    """A ``serving.acceptance.Acceptance`` (e.g. a TensorRT-LLM line's reader) in bench's acceptance shape;
+    None when it measured nothing, so the caller falls back to :func:`acceptance_from_chunks`."""
+    if acc is None or not acc.available:
+        return None
+    return {
+        "source": acc.label,
+        "estimate": acc.kind != "measured" or "steps_derived_from" in acc.extra,
+        "acceptance_length": round(acc.acceptance_length, 4),
+        "acceptance_rate": (round(acc.accepted_tokens / acc.draft_tokens, 4)
+                            if acc.draft_tokens and acc.accepted_tokens is not None else None),
+        "per_position": acc.per_position,
+        "steps": None if acc.drafts is None else round(acc.drafts, 2),
+        "requests": acc.requests,
+        **({"note": f"steps derived from {acc.extra['steps_derived_from']}"} if "steps_derived_from" in acc.extra else {}),
+    }
 
 
 def acceptance_from_chunks(records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -125,12 +125,13 @@ def evaluate(run: Any) -> dict[str, Any]:
     overall = aggregate(stats)
     checks = []
 
-    def check(name: str, passed: bool, value: Any, threshold: Any, message: str, fix: str | None = None,
+    def check(name: str, passed: bool | None, value: Any, threshold: Any, message: str, fix: str | None = None,
               error: bool = False) -> None:
+        """``passed=None``: skipped, nothing to judge (it neither passes nor fails the run)."""
         checks.append({"name": name, "passed": passed, "value": value, "threshold": threshold, "message": message,
-                       **({"fix": fix} if fix else {})})
-        checks_suite.add(junit.Case(name, "serve-test.checks", 0.0,
-                                    "passed" if passed else ("error" if error else "failed"), message,
+                       **({"skipped": True} if passed is None else {}), **({"fix": fix} if fix else {})})
+        status = "skipped" if passed is None else "passed" if passed else ("error" if error else "failed")
+        checks_suite.add(junit.Case(name, "serve-test.checks", 0.0, status, message,
                                     message + (f"\nFix: {fix}" if fix else "")))
 
     for server in run.servers:
@@ -151,14 +152,28 @@ def evaluate(run: Any) -> dict[str, Any]:
              "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
                                           for r in rows if not r["exact_match"]), "")))
     tau = overall["acceptance_length"]
-    if tau is None:
-        fix = ("serve the bundle with `return_perf_metrics: true` (build.extra_llm_api_options) so /perf_metrics reports "
-               "speculative_decoding" if run.metrics_available.get(SPECULATIVE) is not False else
-               "the server has no /perf_metrics route; use the reference server or trtllm-serve")
-        check(f"acceptance length >= {spec.min_acceptance_length:g}", False, None, spec.min_acceptance_length,
-              "the server reported no speculative statistics for any request", fix)
+    name = f"acceptance length >= {spec.min_acceptance_length:g}"
+    measured = getattr(run, "acceptance", None)  # run-level Acceptance from the engine backend's reader
+    if measured is not None:
+        tau = measured.acceptance_length
+        if measured.available:
+            check(name, tau >= spec.min_acceptance_length, round(tau, 4), spec.min_acceptance_length,
+                  f"tau {tau:.4g} ({measured.label})")
+        else:
+            # Never pass or fail on a number that does not exist: skipped, with every source's reason.
+            check(name, None, None, spec.min_acceptance_length, f"not measurable: {measured.reason}",
+                  "enable_iter_perf_stats: true (build writes it) gives TensorRT-LLM's specDecodingStats at /metrics; "
+                  "or stream at least one request (serve_test.stream: true) for the stream-chunk estimate")
+    elif tau is None:
+        fix = ("the reference server reports acceptance at /perf_metrics; for trtllm-serve run serve-test with "
+               "runtime.backend: trtllm, which reads the acceptance each TensorRT-LLM line really serves "
+               "(its /perf_metrics never carries EAGLE-3 acceptance: TorchSampler leaves it empty, 1.4 removed the route)"
+               if run.metrics_available.get(SPECULATIVE) is not False else
+               "the server has no /perf_metrics route; use the reference server, or runtime.backend: trtllm")
+        check(name, None, None, spec.min_acceptance_length,
+              "not measurable: the server reported no speculative statistics for any request", fix)
     else:
-        check(f"acceptance length >= {spec.min_acceptance_length:g}", tau >= spec.min_acceptance_length, tau,
+        check(name, tau >= spec.min_acceptance_length, tau,
               spec.min_acceptance_length,
               f"tau {tau:g} over {overall['requests']} requests"
               + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
@@ -170,13 +185,18 @@ def evaluate(run: Any) -> dict[str, Any]:
     spec_lat = [r["latency_s"][SPECULATIVE] for r in rows if SPECULATIVE in r["latency_s"]]
     base_lat = [r["latency_s"][BASELINE] for r in rows if BASELINE in r["latency_s"]]
     startup_failed = any(c["name"].startswith("server startup") and not c["passed"] for c in checks)
-    status = "error" if startup_failed else ("passed" if all(c["passed"] for c in checks) else "failed")
+    status = "error" if startup_failed else ("passed" if all(c["passed"] is not False for c in checks) else "failed")
     summary = {
         "prompts": n,
         "exact_match": matches,
         "exact_match_fraction": round(fraction, 4),
         **{k: overall[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance")},
         "acceptance_estimated": overall["estimated"],
+        **({"acceptance_length": None if tau is None else round(tau, 4),
+            "acceptance_rate": (round(measured.accepted_tokens / measured.draft_tokens, 4)
+                                if measured.draft_tokens and measured.accepted_tokens is not None else None),
+            "per_position_acceptance": measured.per_position, "acceptance_estimated": measured.kind == "estimated",
+            "acceptance": measured.as_dict()} if measured is not None else {}),
         "latency": {SPECULATIVE: _latency(spec_lat), BASELINE: _latency(base_lat)},
         "latency_ratio": (round(statistics.fmean(base_lat) / statistics.fmean(spec_lat), 3)
                           if spec_lat and base_lat and statistics.fmean(spec_lat) > 0 else None),

@@ -148,7 +148,8 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
         raise InputError(f"{engine / 'manifest.json'} lacks artifacts {', '.join(missing)}",
                          fix="run `specconvert build RECIPE --force`")
     build = recipe.build
-    info.update(trtllm_serve=exe, options=artifacts["trtllm_options"], baseline_options=artifacts["trtllm_baseline"])
+    info.update(trtllm_serve=exe, options=artifacts["trtllm_options"], baseline_options=artifacts["trtllm_baseline"],
+                trtllm_version=(manifest.get("decisions") or {}).get("trtllm_version"))
 
     def trtllm(options: str):
         def command(p: int) -> list[str]:
@@ -189,6 +190,8 @@ class ServeRun:
         self.servers: list[ServerRecord] = []
         self.transcripts: list[dict[str, Any]] = []
         self.metrics_available: dict[str, bool] = {}
+        self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
+        self.acceptance = None  # serving.acceptance.Acceptance from the backend's reader, when there is one
 
     # -------------------------------------------------------------- one phase
 
@@ -285,6 +288,12 @@ class ServeRun:
                     continue
                 self.models[label] = model
                 await self._drain(client, label)  # metrics of earlier requests (health probes, other clients)
+                reader = None
+                if label == SPECULATIVE and self.trtllm_version and phase.name.startswith("trtllm-serve"):
+                    from ..backends.trtllm.acceptance import AcceptanceReader
+
+                    reader = AcceptanceReader(self.trtllm_version, self.recipe.build.max_draft_len, base_url)
+                    await reader.start()
                 stopped: str | None = None
                 for prompt in self.prompts:
                     modes = [False, True] if (label == SPECULATIVE and spec.stream) else [False]
@@ -297,6 +306,25 @@ class ServeRun:
                         self.results[key] = outcome
                         if outcome.error_kind in ("connect", "incomplete", "timeout"):
                             stopped = self._stop_reason(outcome, server, record)
+                if reader is not None and not stopped:
+                    self.acceptance = await reader.finish(*self._streamed_sizes(label))
+
+    def _streamed_sizes(self, label: str) -> tuple[list[int], list[int]]:
+        """Tokens and SSE chunks of each streamed request (the stream-chunk estimate's input). A stream
+        without token counts borrows them from its non-streamed twin when both texts agree (greedy)."""
+        tokens, chunks = [], []
+        for prompt in self.prompts:
+            st, plain = self.results.get((label, prompt.id, True)), self.results.get((label, prompt.id, False))
+            done = st.completion if st else None
+            if not done or not done.chunks:
+                continue
+            count = len(done.token_ids) if done.token_ids is not None else done.completion_tokens
+            if count is None and plain and plain.completion and plain.completion.text == done.text:
+                count = plain.completion.completion_tokens
+            if count:
+                tokens.append(count)
+                chunks.append(len(done.chunks))
+        return tokens, chunks
 
     def _stop_reason(self, outcome: Outcome, server: ServerProcess | None, record: ServerRecord) -> str:
         """After a transport failure: did the server die, or hang? Either way, the phase stops here."""
@@ -404,6 +432,7 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
     started = time.time()
     with sigterm_unwinds(), stage_dir(final, STAGE, inputs) as stage:
         serve = ServeRun(recipe, prompts, stage.path)
+        serve.trtllm_version = info.get("trtllm_version")
         for index, phase in enumerate(phases):
             serve.run_phase(phase)
             if serve.servers[-1].startup_s is None:  # no point in waiting for the next server too

@@ -93,9 +93,10 @@ def test_bench_trtllm_recipe_runs_both_servers_at_once(cli, tmp_path, monkeypatc
         assert options["kv_cache_config"]["free_gpu_memory_fraction"] == pytest.approx(0.85 / 2, abs=1e-3)
     assert "speculative_config" in (out / "speculative_options.yaml").read_text()
     assert "speculative_config" not in (out / "baseline_options.yaml").read_text()
-    # TensorRT-LLM's perf_metrics shape: an exact rate, a length estimated with max_draft_len, no per-position rates.
+    # Like the real trtllm-serve, the double's /perf_metrics entries carry no speculative_decoding block for
+    # EAGLE-3 (TorchSampler never fills it), so bench falls back to its stream estimate (one chunk per step).
     acc = report["acceptance"]
-    assert acc["source"] == "server" and acc["estimate"] is True and "assuming 3" in acc["note"]
-    assert acc["per_position"] is None and acc["acceptance_rate"] == pytest.approx(0.5)
+    assert acc["source"] == "tokens_per_chunk" and acc["estimate"] is True
+    assert acc["acceptance_length"] is not None and acc["acceptance_rate"] is None
     assert len(argv_log.read_text().splitlines()) == 2
     assert_reaped([s["pid"] for s in report["servers"]])

@@ -126,3 +126,135 @@ def test_a_stale_spelling_in_the_table_fails_before_writing(project, cli, monkey
     assert "OptionSpellingError" in result.err and "speculative_config.eagle3_one_model" in result.err
     assert not project.engine.exists()
     assert [p.name for p in project.workdir.iterdir()] == ["convert"]
+
+
+# ---------------------------------------------------------------- release granularity (issue 12)
+
+
+@pytest.mark.parametrize(
+    "older, newer",
+    [("1.3.0rc20", "1.3.0rc27"), ("1.3.0rc27", "1.3"), ("1.3.0rc27", "1.3.0"), ("1.4.0rc1", "1.4.0rc4"),
+     ("1.3.2", "1.4.0rc1"), ("1.3.0", "1.3.0.post1")],
+    ids=lambda v: v,
+)
+def test_releases_order_at_rc_granularity(older, newer):
+    assert versions.parse_release(older) < versions.parse_release(newer)
+    # the line-level parse cannot tell release candidates apart; the release-level one must
+    assert versions.parse_version("1.3.0rc20") == versions.parse_version("1.3.0rc27")
+
+
+@pytest.mark.parametrize(
+    "version, key, accepted",
+    [
+        ("1.3.0rc20", "speculative_config.acceptance_rate_threshold", False),
+        ("1.3.0rc20", "speculative_config.acceptance_rate_window_size", False),
+        ("1.3.0rc20", "speculative_config.advanced_sampling_mode", False),
+        ("1.3.0rc20", "speculative_config.enable_penalty", False),
+        ("1.3.0rc27", "speculative_config.acceptance_rate_threshold", True),
+        ("1.3", "speculative_config.enable_penalty", True),
+        ("1.4.0rc1", "speculative_config.moe_tactic", False),
+        ("1.4.0rc4", "speculative_config.moe_tactic", True),
+        ("1.3.0rc24", "sampler_type", True),
+        ("1.3.0rc26", "sampler_type", False),
+        ("1.4.0rc4", "sampler_type", False),
+        ("1.2.1", "sampler_type", True),
+    ],
+    ids=lambda v: str(v),
+)
+def test_option_names_carry_their_release_window(version, key, accepted):
+    spelling, _ = versions.spelling_for(version)
+    top, _, sub = key.partition(".")
+    options = {top: {"decoding_type": spelling.decoding_type, sub: 1}} if sub else {top: "TorchSampler"}
+    bad = trt_options.unknown_keys(options, spelling.family, version)
+    assert (key not in bad) == accepted, bad
+
+
+@pytest.mark.parametrize("family", ["1.3", "1.4"])
+def test_release_windows_cite_their_source(family):
+    releases = {k: v for k, v in trt_options.option_names(family)["releases"].items() if not k.startswith("_")}
+    assert releases
+    for key, window in releases.items():
+        assert window.get("first") or window.get("last"), key
+        assert window["source"] and all(u.startswith("https://") for u in window["urls"]), key
+
+
+@pytest.mark.parametrize(
+    "version, written",
+    [("1.2", "TorchSampler"), ("1.3.0rc24", "TorchSampler"), ("1.3.0rc26", None), ("1.3.0rc27", None),
+     ("1.4.0rc4", None)],
+)
+def test_sampler_type_is_written_only_where_it_exists(project, cli, version, written):
+    result = cli("build", project.recipe_path, "--no-load", "--set", f"runtime.trtllm_version={version}",
+                 "--set", "build.sampler=torch")
+    assert result.code == 0, result.err
+    options = yaml.safe_load((project.engine / "trtllm" / "llm_api_options.yaml").read_text())
+    assert options.get("sampler_type") == written
+
+
+def test_sampler_type_through_extra_options_is_refused_where_removed(project, cli):
+    result = cli("build", project.recipe_path, "--no-load", "--set", "runtime.trtllm_version=1.3.0rc27",
+                 "--set", "build.extra_llm_api_options.sampler_type=TorchSampler")
+    assert result.code == 2
+    assert "sampler_type" in result.err and "up to TensorRT-LLM 1.3.0rc24" in result.err
+    assert not project.engine.exists()
+
+
+DISABLE = ("--set", "build.disable_below_acceptance_length.threshold=2.5",
+           "--set", "build.disable_below_acceptance_length.window=64")
+
+
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        ("1.2", {"acceptance_window": 64, "acceptance_length_threshold": 2.5}),
+        # max_draft_len 3: rate = (2.5 - 1) / 3
+        ("1.3.0rc27", {"acceptance_rate_window_size": 64, "acceptance_rate_threshold": 0.5}),
+        ("1.4.0rc4", {"acceptance_rate_window_size": 64, "acceptance_rate_threshold": 0.5}),
+    ],
+)
+def test_auto_disable_is_written_in_each_lines_spelling_and_meaning(project, cli, version, expected):
+    result = cli("build", project.recipe_path, "--no-load", "--set", f"runtime.trtllm_version={version}",
+                 "--set", "build.max_draft_len=3", *DISABLE)
+    assert result.code == 0, result.err
+    spec = yaml.safe_load((project.engine / "trtllm" / "llm_api_options.yaml").read_text())["speculative_config"]
+    assert {k: spec[k] for k in expected} == expected
+    other = {"acceptance_window", "acceptance_length_threshold", "acceptance_rate_window_size",
+             "acceptance_rate_threshold"} - set(expected)
+    assert not other & set(spec)
+    baseline = yaml.safe_load((project.engine / "trtllm" / "baseline.yaml").read_text())
+    assert "speculative_config" not in baseline
+
+
+@pytest.mark.parametrize(
+    "extra, first_line",
+    [
+        (("--set", "runtime.trtllm_version=1.3.0rc20"), "acceptance_rate_threshold exists from 1.3.0rc27 on"),
+        (("--set", "runtime.trtllm_version=1.4.0rc4", "--set", "build.disable_below_acceptance_length.threshold=4.5"),
+         "exceeds the most a chain of 3 can reach"),
+    ],
+    ids=["1.3-before-rc27", "threshold-above-max"],
+)
+def test_auto_disable_refused_where_it_cannot_mean_the_same(project, cli, extra, first_line):
+    result = cli("build", project.recipe_path, "--no-load", "--set", "build.max_draft_len=3", *DISABLE, *extra)
+    assert result.code == 2
+    assert first_line in result.err and "build.disable_below_acceptance_length" in result.err
+    assert not project.engine.exists()
+
+
+def test_auto_disable_threshold_must_be_a_length(project, cli):
+    result = cli("build", project.recipe_path, "--no-load", "--set", "build.disable_below_acceptance_length.threshold=0.5",
+                 "--set", "build.disable_below_acceptance_length.window=8")
+    assert result.code == 2 and "disable_below_acceptance_length.threshold" in result.err
+
+
+def test_resolve_warns_when_the_pinned_release_candidate_is_not_the_installed_one():
+    target = versions.resolve("1.3.0rc20", installed="1.3.0rc27")
+    assert target.version == "1.3.0rc27"
+    assert any("runtime.trtllm_version is 1.3.0rc20" in w for w in target.warnings)
+    assert versions.resolve("1.3.0rc27", installed="1.3.0rc27").warnings == ()
+
+
+@pytest.mark.parametrize("version, line", [("1.2", "1.2"), ("1.3.0rc20", "1.3-early"), ("1.3.0rc27", "1.3"),
+                                           ("1.4.0rc4", "1.4")])
+def test_manifest_decisions_name_the_acceptance_line(version, line):
+    assert versions.resolve(version, installed=None, detect=False).as_dict()["trtllm_acceptance_line"] == line

@@ -8,8 +8,23 @@ it is the speculative or the baseline server, and answers OpenAI requests with a
 deterministic "generation" (token i = (sum of prompt bytes + 7 i) mod 256), so
 speculative and baseline outputs agree unless told otherwise.
 
+Which TensorRT-LLM line it behaves like: `--line 1.2|1.3-early|1.3|1.4` (stripped before the
+real arguments) or FAKE_TRTLLM_LINE; default 1.2 when the options say `decoding_type: Eagle`,
+else 1.4. Per line, as upstream serves EAGLE-3 (specconvert/data/trtllm/acceptance_sources.json):
+  GET /metrics             every line, with enable_iter_perf_stats: iteration stats (drained on read)
+                           with specDecodingStats, unless FAKE_TRTLLM_ITER_STATS=0 (a build before PR #9855)
+  GET /perf_metrics        1.2 / 1.3-early / 1.3: entries WITHOUT a speculative_decoding block
+                           (TorchSampler never fills it for EAGLE-3); 1.4: 404 (route removed)
+  GET /prometheus/metrics  1.3 / 1.4: trtllm_spec_decode_num_{draft,accepted}_tokens_total counters;
+                           1.2 / 1.3-early: request series only
+  X-TRTLLM-return-metrics  1.4 only: timing headers (non-streaming) or an SSE event
+                           `trtllm.perf_metrics` after [DONE] (streaming) -- timing, no acceptance
+The simulated speculation: the first token comes from prefill; each later step drafts
+max_draft_len tokens (from the options file) and accepts 2, 1, 2, 1, ... of them (capped by
+max_draft_len and the tokens left), so true tau is known; each step streams as one SSE chunk.
+
 Behaviour by FAKE_TRTLLM_MODE:
-  ok             serve normally (perf_metrics in TensorRT-LLM's shape on the speculative server)
+  ok             serve normally
   exit_on_start  print a few log lines and exit 3 before listening
   never_healthy  listen, but answer /health with 503 forever
   hang           healthy, but completion requests never answer
@@ -38,35 +53,87 @@ def parse(argv):
     return args
 
 
+LINES = ("1.2", "1.3-early", "1.3", "1.4")
+
+
+def simulate(n, max_draft_len):
+    """Token counts per SSE chunk and accepted drafts per step of one request of ``n`` tokens."""
+    chunks, accepted = [1] if n > 0 else [], []
+    left, pattern = n - 1, [2, 1]
+    while left > 0:
+        a = min(pattern[len(accepted) % 2], max_draft_len, left - 1)
+        accepted.append(a)
+        chunks.append(1 + a)
+        left -= 1 + a
+    return chunks, accepted
+
+
 def main():
     argv = sys.argv[1:]
+    line = os.environ.get("FAKE_TRTLLM_LINE")
+    if "--line" in argv:
+        i = argv.index("--line")
+        line = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
     if os.environ.get("FAKE_TRTLLM_ARGV_LOG"):
         with open(os.environ["FAKE_TRTLLM_ARGV_LOG"], "a") as fh:
             fh.write(json.dumps({"pid": os.getpid(), "argv": argv}) + "\n")
     mode = os.environ.get("FAKE_TRTLLM_MODE", "ok")
     args = parse(argv)
-    options_text = open(args["extra_llm_api_options"]).read()
-    speculative = "speculative_config" in options_text
+    import yaml
+
+    options = yaml.safe_load(open(args["extra_llm_api_options"])) or {}
+    spec_config = options.get("speculative_config") or {}
+    speculative = bool(spec_config)
+    max_draft_len = int(spec_config.get("max_draft_len") or 3)
+    line = line or ("1.2" if spec_config.get("decoding_type") == "Eagle" else "1.4")
+    assert line in LINES, line
+    iter_stats = os.environ.get("FAKE_TRTLLM_ITER_STATS", "1") != "0"
     subprocess.Popen(["sleep", "300"])  # a grandchild in our process group
-    print(f"[TEST DOUBLE trtllm-serve] mode={mode} speculative={speculative} argv={argv}", flush=True)
+    print(f"[TEST DOUBLE trtllm-serve] line={line} mode={mode} speculative={speculative} argv={argv}", flush=True)
     if mode == "exit_on_start":
         print("[TEST DOUBLE trtllm-serve] RuntimeError: simulated failure while loading the engine", flush=True)
         sys.exit(3)
 
-    state = {"metrics": [], "next_id": 0}
+    state = {"metrics": [], "iterations": [], "next_id": 0, "iter": 0, "drafted": 0, "accepted": 0}
     model_name = os.path.basename(str(args["model"]).rstrip("/")) or "model"
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
 
-        def send_json(self, code, payload):
+        def send_json(self, code, payload, headers=None):
             body = json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
             self.end_headers()
             self.wfile.write(body)
+
+        def send_text(self, code, text):
+            body = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def prometheus(self):
+            labels = f'{{engine_type="trtllm",model_name="{model_name}"}}'
+            out = ["# TYPE trtllm_request_success_total counter",
+                   f'trtllm_request_success_total{{engine_type="trtllm",model_name="{model_name}",finished_reason="length"}} '
+                   f'{state["next_id"]}']
+            if line in ("1.3", "1.4") and speculative:
+                steps = state["drafted"] // max_draft_len
+                out += ["# TYPE trtllm_spec_decode_num_draft_tokens_total counter",
+                        f"trtllm_spec_decode_num_draft_tokens_total{labels} {float(state['drafted'])}",
+                        "# TYPE trtllm_spec_decode_num_accepted_tokens_total counter",
+                        f"trtllm_spec_decode_num_accepted_tokens_total{labels} {float(state['accepted'])}",
+                        "# TYPE trtllm_spec_decode_acceptance_length gauge",
+                        f"trtllm_spec_decode_acceptance_length{labels} {1 + state['accepted'] / steps if steps else 0}"]
+            return "\n".join(out) + "\n"
 
         def do_GET(self):
             if self.path == "/health":
@@ -74,8 +141,15 @@ def main():
             if self.path == "/v1/models":
                 return self.send_json(200, {"object": "list", "data": [{"id": model_name, "object": "model"}]})
             if self.path == "/perf_metrics":
+                if line == "1.4":
+                    return self.send_json(404, {"detail": "Not Found"})
                 items, state["metrics"] = state["metrics"], []
                 return self.send_json(200, items)
+            if self.path == "/metrics":
+                items, state["iterations"] = state["iterations"], []
+                return self.send_json(200, items)
+            if self.path == "/prometheus/metrics":
+                return self.send_text(200, self.prometheus())
             self.send_json(404, {"error": "not found"})
 
         def do_POST(self):
@@ -98,26 +172,44 @@ def main():
             text = "".join(chr(97 + t % 26) for t in ids)
             request_id = state["next_id"]
             state["next_id"] += 1
+            sizes, accepted = simulate(n, max_draft_len) if speculative else ([1] * n, [])
+            for a in accepted:
+                state["iter"] += 1
+                state["drafted"] += max_draft_len
+                state["accepted"] += a
+                item = {"iter": state["iter"], "numActiveRequests": 1}
+                if iter_stats:
+                    item["specDecodingStats"] = {
+                        "numDraftTokens": max_draft_len, "numAcceptedTokens": a, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 1.0 + a, "iterLatencyMS": 1.0, "draftOverhead": 0.1}
+                if options.get("enable_iter_perf_stats"):
+                    state["iterations"].append(item)
+            # No speculative_decoding block on any line: TorchSampler never fills it for EAGLE-3.
             perf = {"first_iter": 1, "last_iter": n, "timing_metrics": {"arrival_time": 0.0, "first_token_time": 0.1}}
-            if speculative:
-                drafted = 3 * max(1, n // 3)
-                perf["speculative_decoding"] = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": drafted // 2,
-                                                "total_draft_tokens": drafted}
             state["metrics"].append({"request_id": request_id, "perf_metrics": perf})
+            want_metrics = (line == "1.4" and options.get("return_perf_metrics")
+                            and self.headers.get("X-TRTLLM-return-metrics", "").strip() == "1")
+            timing = {"Server-Timing": "server_queue;dur=0.100000, server_ttft;dur=1.000000, server_e2e;dur=2.000000",
+                      "X-TRTLLM-Start-End-Time": "server-start;ts=1.000000000, server-end;ts=1.002000000"}
             if not body.get("stream"):
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                           if chat else {"index": 0, "text": text, "finish_reason": "length"})
                 return self.send_json(200, {"id": f"cmpl-{request_id}", "object": "x", "model": model_name,
-                                            "choices": [choice], "usage": {"prompt_tokens": 1, "completion_tokens": n}})
+                                            "choices": [choice], "usage": {"prompt_tokens": 1, "completion_tokens": n}},
+                                      headers=timing if want_metrics else None)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for k in range(0, len(text), 4):
-                piece = text[k:k + 4]
+            k = 0
+            for size in sizes:
+                piece = text[k:k + size]
+                k += size
                 choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
                 self.wfile.write(f"data: {json.dumps({'model': model_name, 'choices': [choice]})}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
+            if want_metrics:
+                self.wfile.write(f"event: trtllm.perf_metrics\ndata: {json.dumps(timing)}\n\n".encode())
 
     server = ThreadingHTTPServer((args.get("host") or "127.0.0.1", int(args["port"])), Handler)
     server.daemon_threads = True

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import InputError
 from .rules import RuleReport
-from .versions import TargetVersion
+from .versions import TargetVersion, in_release_window
 
 # Sub-configs whose keys are checked one level down.
 _NESTED = ("kv_cache_config", "cuda_graph_config")
@@ -25,7 +25,7 @@ class OptionSpellingError(RuntimeError):
     """specconvert itself emitted a key the targeted TensorRT-LLM version does not know (a bug)."""
 
 
-# Requests whose metrics trtllm-serve keeps for /perf_metrics (emptied on each read).
+# Requests whose metrics trtllm-serve keeps for /perf_metrics (emptied on each read; a no-op on 1.4).
 PERF_METRICS_MAX_REQUESTS = 1024
 
 
@@ -36,30 +36,55 @@ def option_names(family: str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def unknown_keys(options: dict[str, Any], family: str) -> list[str]:
-    """Dotted paths of keys in ``options`` that ``family`` does not accept."""
+def release_window(family: str, key: str) -> dict[str, Any] | None:
+    """First/last release of ``family`` that accepts ``key`` (dotted for sub-configs); None = the whole line."""
+    return option_names(family).get("releases", {}).get(key)
+
+
+def outside_release(key: str, family: str, version: str | None) -> str | None:
+    """Why ``version`` does not accept ``key`` although its line does (None when it does, or no version given)."""
+    window = release_window(family, key)
+    if version is None or not isinstance(window, dict):
+        return None
+    if in_release_window(version, window.get("first"), window.get("last")):
+        return None
+    if window.get("first"):
+        return f"{key} is accepted from TensorRT-LLM {window['first']} on"
+    return f"{key} is accepted up to TensorRT-LLM {window['last']} only"
+
+
+def unknown_keys(options: dict[str, Any], family: str, version: str | None = None) -> list[str]:
+    """Dotted paths of keys in ``options`` that ``family`` (and, given, release ``version``) does not accept."""
     names = option_names(family)
     bad: list[str] = []
+
+    def check(path: str, known: bool) -> None:
+        if not known or outside_release(path, family, version):
+            bad.append(path)
+
     for key, value in options.items():
         if key not in names["top_level"]:
             bad.append(key)
             continue
+        check(key, True)
         if key in _NESTED and isinstance(value, dict):
-            bad += [f"{key}.{sub}" for sub in value if sub not in names[key]]
+            for sub in value:
+                check(f"{key}.{sub}", sub in names[key])
         if key == "speculative_config" and isinstance(value, dict):
             allowed = names["speculative_config"].get(str(value.get("decoding_type")))
             if allowed is None:
                 bad.append(f"speculative_config.decoding_type={value.get('decoding_type')}")
             else:
-                bad += [f"speculative_config.{sub}" for sub in value if sub not in allowed]
+                for sub in value:
+                    check(f"speculative_config.{sub}", sub in allowed)
     return bad
 
 
-def assert_known(options: dict[str, Any], family: str) -> None:
-    bad = unknown_keys(options, family)
+def assert_known(options: dict[str, Any], family: str, version: str | None = None) -> None:
+    bad = unknown_keys(options, family, version)
     if bad:
         raise OptionSpellingError(
-            f"internal error: options not accepted by TensorRT-LLM {family}.x: {', '.join(bad)} "
+            f"internal error: options not accepted by TensorRT-LLM {version or family + '.x'}: {', '.join(bad)} "
             f"(specconvert/data/trtllm/options/{family}.json)"
         )
 
@@ -91,7 +116,46 @@ def speculative_config(
         config["use_dynamic_tree"] = True
         config["dynamic_tree_max_topK"] = tree.top_k
         config["max_total_draft_tokens"] = max(tree.depth, min(tree.total_tokens - 1, tree.top_k * tree.depth))
+    config.update(auto_disable(target, build, config))
     return config
+
+
+def auto_disable(target: TargetVersion, build: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``build.disable_below_acceptance_length`` in the spelling and meaning of ``target``'s line.
+
+    1.2 (``DecodingBaseConfig`` in tensorrt_llm/llmapi/llm_args.py, 1.2-era): ``acceptance_window`` N
+    completed requests, ``acceptance_length_threshold`` a length: written as given.
+    1.3.0rc27+ and 1.4 (``Eagle3DecodingConfig`` API reference at 1.3.0rc27 / 1.4.0rc4): a rolling
+    average over ``acceptance_rate_window_size`` speculating iterations of the "true acceptance rate
+    (accepted_draft_tokens / drafted_tokens)", 0..1. A chain drafts ``max_draft_len`` tokens per step and
+    tau = 1 + accepted per step, so rate = (tau - 1) / max_draft_len.
+    """
+    setting = getattr(build, "disable_below_acceptance_length", None)
+    if setting is None:
+        return {}
+    if target.spelling.family == "1.2":
+        return {"acceptance_window": setting.window, "acceptance_length_threshold": setting.threshold}
+    if outside_release("speculative_config.acceptance_rate_threshold", target.spelling.family, target.version):
+        raise InputError(
+            f"build.disable_below_acceptance_length: TensorRT-LLM {target.version} has no auto-disable setting "
+            "(acceptance_rate_threshold exists from 1.3.0rc27 on)",
+            fix="pin runtime.trtllm_version to 1.3.0rc27 or newer, or remove build.disable_below_acceptance_length",
+        )
+    if config.get("use_dynamic_tree"):
+        raise InputError(
+            "build.disable_below_acceptance_length: a dynamic tree drafts more tokens per step than it can accept, "
+            "so an acceptance length has no fixed acceptance-rate equivalent on TensorRT-LLM 1.3+",
+            fix="remove build.disable_below_acceptance_length, or draft a chain (build.tree: null)",
+        )
+    draft_len = int(config["max_draft_len"])
+    rate = (setting.threshold - 1.0) / draft_len
+    if rate > 1.0:
+        raise InputError(
+            f"build.disable_below_acceptance_length.threshold: {setting.threshold:g} exceeds the most a chain of "
+            f"{draft_len} can reach ({draft_len + 1}), so speculation would always switch off",
+            fix=f"set a threshold between 1 and {draft_len + 1}",
+        )
+    return {"acceptance_rate_window_size": setting.window, "acceptance_rate_threshold": round(rate, 6)}
 
 
 def llm_api_options(
@@ -122,10 +186,15 @@ def llm_api_options(
     options["cuda_graph_config"] = (
         {"enable_padding": True, "max_batch_size": build.max_batch_size} if build.cuda_graphs else None
     )
-    if build.sampler != "auto":
+    # sampler_type is gone from 1.3.0rc26 on (TorchSampler is the only sampler; see the `releases` entry in
+    # the options data): `torch` is then the default and nothing is written.
+    if build.sampler != "auto" and not outside_release("sampler_type", target.spelling.family, target.version) \
+            and "sampler_type" in option_names(target.spelling.family)["top_level"]:
         options["sampler_type"] = {"torch": "TorchSampler", "trtllm": "TRTLLMSampler"}[build.sampler]
-    # Acceptance statistics (specDecodingStats) come with the iteration stats; trtllm-serve's
-    # per-request /perf_metrics (what serve-test and bench read) needs both keys below.
+    # Where acceptance comes from (data/trtllm/acceptance_sources.json): specDecodingStats in the
+    # iteration stats at /metrics need enable_iter_perf_stats; the Prometheus spec-decode counters
+    # need return_perf_metrics too. perf_metrics_max_requests feeds /perf_metrics on 1.2/1.3 (whose
+    # EAGLE-3 entries carry no acceptance) and is a no-op on 1.4, which removed the route.
     options["enable_iter_perf_stats"] = True
     options["return_perf_metrics"] = True
     options["perf_metrics_max_requests"] = PERF_METRICS_MAX_REQUESTS
@@ -149,6 +218,12 @@ def llm_api_options(
                 f"({target.spelling.family}.x)",
                 fix=f"{hint}remove it, or pin runtime.trtllm_version to a version that has it",
             )
+        why = outside_release(key, target.spelling.family, target.version)
+        if why:
+            raise InputError(
+                f"build.extra_llm_api_options.{key}: not an option of TensorRT-LLM {target.version} ({why})",
+                fix="remove it, or pin runtime.trtllm_version to a release that has it",
+            )
         options[key] = value
-    assert_known(options, target.spelling.family)
+    assert_known(options, target.spelling.family, target.version)
     return options

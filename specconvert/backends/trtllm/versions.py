@@ -48,13 +48,38 @@ _VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(rc|a|b|dev|post)\.
 
 
 def parse_version(text: str) -> tuple:
-    """``1.3.0rc27`` -> (1, 3, 0); enough to order version lines."""
+    """``1.3.0rc27`` -> (1, 3, 0); enough to order version lines (see :func:`parse_release` for rcs)."""
     match = _VERSION_RE.match(str(text))
     if not match:
         raise InputError(
             f"runtime.trtllm_version: '{text}' is not a version", fix="write e.g. `1.2`, `1.3.0rc27` or `auto`"
         )
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+# Pre-release order of one version (PEP 440): 1.3.0.dev1 < 1.3.0a1 < 1.3.0b1 < 1.3.0rc1 < 1.3.0 < 1.3.0.post1.
+_STAGE_RANK = {"dev": 0, "a": 1, "b": 2, "rc": 3, None: 4, "post": 5}
+
+
+def parse_release(text: str) -> tuple:
+    """``1.3.0rc27`` -> (1, 3, 0, 3, 27): orders release candidates within a line.
+
+    A version without a pre-release part (``1.3``, ``1.3.0``) is the final release, which
+    comes after every one of its release candidates: pinning ``1.3`` means "the 1.3 release".
+    """
+    match = _VERSION_RE.match(str(text))
+    if not match:
+        parse_version(text)  # raises the one-line InputError
+    stage = match.group(4)
+    return (*parse_version(text), _STAGE_RANK[stage], int(match.group(5) or 0))
+
+
+def in_release_window(version: str, first: str | None = None, last: str | None = None) -> bool:
+    """``first <= version <= last`` at release-candidate granularity (None = open end)."""
+    release = parse_release(version)
+    if first is not None and release < parse_release(first):
+        return False
+    return last is None or release <= parse_release(last)
 
 
 @dataclass(frozen=True)
@@ -72,7 +97,15 @@ class TargetVersion:
             "decoding_type": self.spelling.decoding_type,
             "draft_model_key": self.spelling.model_key,
             "speculative_config_class": self.spelling.config_class,
+            # where a running trtllm-serve of this release serves acceptance (data/trtllm/acceptance_sources.json)
+            "trtllm_acceptance_line": _acceptance_line(self.version),
         }
+
+
+def _acceptance_line(version: str) -> str:
+    from .acceptance import line_for
+
+    return line_for(version)["line"]
 
 
 def spelling_for(version: str) -> tuple[Spelling, list[str]]:
@@ -106,7 +139,9 @@ def resolve(pinned: str = "auto", installed: str | None = None, detect: bool = T
     warnings: list[str] = []
     if installed:
         version, source = installed, "installed"
-        if pinned != "auto" and parse_version(pinned)[:2] != parse_version(installed)[:2]:
+        # Option names differ between release candidates of one line (options data `releases`), so a
+        # pin that names another release than the installed one is worth a warning too.
+        if pinned != "auto" and parse_release(pinned) != parse_release(installed):
             warnings.append(
                 f"runtime.trtllm_version is {pinned} but TensorRT-LLM {installed} is installed; "
                 f"the bundle uses {installed}'s spellings"
