@@ -88,6 +88,14 @@ def _yaml(options: dict[str, Any], header: list[str]) -> str:
 
 def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
     """Build (or keep, when unchanged) ``<workdir>/engine/``; return its manifest."""
+    from ..workdir import workdir_lock
+
+    # Locked from the read of convert/ on, so a concurrent convert cannot swap it mid-build.
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, force, load)
+
+
+def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
     convert = read_convert(recipe)
     decided = plan(recipe, convert)
     target: versions.TargetVersion = decided["target"]

@@ -21,6 +21,7 @@ from .. import output
 from .._imports import require
 from ..errors import InputError
 from ..manifest import stage_dir, tree_fingerprint, up_to_date
+from ..workdir import check_replaceable
 from ..models.sources import ResolvedModel, resolve_model
 from ..recipe import Recipe
 
@@ -146,6 +147,14 @@ def _train_data_fingerprint(recipe: Recipe) -> dict[str, Any] | None:
 
 def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tuple[dict[str, Any], bool]:
     """Run the stage. Returns (manifest, skipped)."""
+    from ..workdir import workdir_lock
+
+    # The lock covers training too: it writes the workdir's training cache before staging opens.
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, force, allow_pickle)
+
+
+def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
     p = plan(recipe, allow_pickle)
     for message in p.warnings:
@@ -165,6 +174,7 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
             "the baseline. Use it for plumbing tests only; give draft.model for a real head."
         )
     timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    check_replaceable(final)  # before training, not after an hour of it
     trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
     with stage_dir(final, STAGE, inputs) as staging:
         target_section = _write_target(recipe, p, staging.path / "target", timings)
