@@ -293,15 +293,23 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
         return
     # Folders made only to hold the lock go again if the stage writes nothing (e.g. bad input).
     created = [d for d in (workdir, *workdir.parents) if not d.exists()]
-    workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / LOCK_NAME
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"workdir {workdir} is a file (or lies below one)",
+                         fix="set `workdir:` to a folder, or move the file away") from None
     key = str(path.resolve())
     with _held_guard:
         held = _held.get(key)
         if held is not None:
             _held[key] = (held[0], held[1] + 1)
     if held is None:
-        fd = _acquire(path)
+        try:
+            fd = _acquire(path)
+        except PermissionError as exc:
+            raise InputError(f"workdir {workdir} is not writable ({exc.strerror})",
+                             fix="set `workdir:` to a folder you can write, or fix its permissions") from None
         with _held_guard:
             _held[key] = (fd, 1)
     try:

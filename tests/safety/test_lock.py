@@ -2,39 +2,47 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from specconvert.errors import ExternalFailure
 from specconvert.workdir import LOCK_NAME, workdir_lock
 from tests.safety.conftest import child_pids, run_cli, start_cli
 
-
-def _wait_for(path, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+HOLDER = """
+import sys
+from specconvert.workdir import workdir_lock
+with workdir_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
 
 
 def test_second_run_waits_then_times_out_with_exit_4(project):
-    holder = start_cli("build", project.recipe_path, "--no-load", env={"SPECCONVERT_FAULT": "staging:sleep4"})
+    import subprocess
+    import sys
+
+    from tests.safety.conftest import _env
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(project.workdir)], env=_env(None),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    patient = None
     try:
-        _wait_for(project.workdir / LOCK_NAME)
-        impatient = run_cli("build", project.recipe_path, "--no-load", "--force",
-                            env={"SPECCONVERT_LOCK_TIMEOUT": "0.5"})
+        assert holder.stdout.readline().strip() == "locked"
+        impatient = run_cli("build", project.recipe_path, "--no-load", env={"SPECCONVERT_LOCK_TIMEOUT": "0.5"})
         assert impatient.returncode == 4, impatient.stderr
-        assert "is in use by process" in impatient.stderr and "waiting up to 0.5 s" in impatient.stderr
+        assert f"is in use by process {holder.pid}" in impatient.stderr and "waiting up to 0.5 s" in impatient.stderr
         last = impatient.stderr.strip().splitlines()[-1]
         assert last.startswith("error: ") and "still in use" in last and "SPECCONVERT_LOCK_TIMEOUT" in last
+        assert not project.engine.exists()
 
-        patient = run_cli("build", project.recipe_path, "--no-load", "--force", env={"SPECCONVERT_LOCK_TIMEOUT": "60"})
-        assert patient.returncode == 0, patient.stderr
-        assert "waiting up to 60 s" in patient.stderr
+        patient = start_cli("build", project.recipe_path, "--no-load", env={"SPECCONVERT_LOCK_TIMEOUT": "120"})
+        assert "waiting up to 120 s" in patient.stderr.readline()  # it waits while the holder runs
+        assert patient.poll() is None and not project.engine.exists()
     finally:
-        out, err = holder.communicate(timeout=60)
-    assert holder.returncode == 0, err
+        holder.communicate("go\n", timeout=30)
+    out, err = patient.communicate(timeout=120)
+    assert patient.returncode == 0, err
+    assert (project.engine / "manifest.json").is_file()
     assert not (project.workdir / LOCK_NAME).exists()
     assert not [p for p in project.workdir.iterdir() if p.name.startswith(".")]
     assert child_pids() == []
@@ -63,3 +71,18 @@ def test_bad_timeout_value_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ExternalFailure):
         with workdir_lock(tmp_path):
             pass
+
+
+@pytest.mark.parametrize("workdir", [
+    pytest.param("afile", id="workdir-is-a-file"),
+    pytest.param("afile/work", id="workdir-below-a-file"),
+])
+def test_unusable_workdir_is_bad_input(tmp_path, workdir):
+    from specconvert.errors import InputError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match="is a file"):
+        with workdir_lock(tmp_path / workdir):
+            pass
+    assert (tmp_path / "afile").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
