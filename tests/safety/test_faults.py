@@ -86,3 +86,29 @@ def test_live_staging_of_another_process_is_left_alone(project, tmp_path):
     (user / "keep.txt").write_text("mine")
     assert run_cli("build", project.recipe_path, "--no-load").returncode == 0
     assert live.is_dir() and (user / "keep.txt").read_text() == "mine"
+
+
+def test_convert_killed_between_renames_is_restored_by_the_next_run(tmp_path, cli):
+    """The reported case: `.convert.old-*` left and no convert/ after a kill during the swap."""
+    import yaml
+
+    from tests.tiny_models import write_tiny_target
+
+    target = write_tiny_target(tmp_path / "target")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "tiny", "workdir": "work", "target": {"model": str(target), "dtype": "float32"},
+                                      "draft": {"init": "random"}}))
+    workdir = tmp_path / "work"
+    assert cli("convert", recipe).code == 0
+    before = tree_hash(workdir / "convert")
+    killed = run_cli("convert", recipe, "--force", env={"SPECCONVERT_FAULT": "swap:kill"}, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (workdir / "convert").exists()
+    assert [name.split("-")[0] for name in leftovers(workdir)] == [".convert.old", ".convert.staging", ".specconvert.lock"]
+
+    again = cli("convert", recipe)
+    assert again.code == 0, again.stderr
+    assert "restored" in again.stderr and "inputs unchanged" in again.stderr
+    assert tree_hash(workdir / "convert") == before
+    assert leftovers(workdir) == []
+    assert child_pids() == []
