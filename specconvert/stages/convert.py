@@ -21,9 +21,9 @@ from .. import output
 from .._imports import require
 from ..errors import InputError
 from ..manifest import stage_dir, tree_fingerprint, up_to_date
-from ..workdir import check_replaceable
 from ..models.sources import ResolvedModel, resolve_model
 from ..recipe import Recipe
+from ..workdir import check_replaceable, workdir_lock
 
 STAGE = "convert"
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -147,8 +147,6 @@ def _train_data_fingerprint(recipe: Recipe) -> dict[str, Any] | None:
 
 def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tuple[dict[str, Any], bool]:
     """Run the stage. Returns (manifest, skipped)."""
-    from ..workdir import workdir_lock
-
     # The lock covers training too: it writes the workdir's training cache before staging opens.
     with workdir_lock(recipe.workdir_path):
         return _run(recipe, force, allow_pickle)
