@@ -4,7 +4,8 @@ A stage writes into a private staging directory next to its final one; the
 manifest is written last, atomically, and only then is the staging directory
 swapped into place. A directory without ``manifest.json`` is incomplete and is
 never consumed. A stage whose fingerprint matches the existing manifest is
-skipped unless forced.
+skipped unless forced. Only a directory specconvert made is ever replaced, and a
+stage holds the workdir's lock while it runs (``workdir.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from . import __version__
 from ._imports import installed_version
 from .errors import InputError
+from .workdir import MARKER, check_replaceable, fault_point, honour_umask, remove_ours, workdir_lock, write_marker
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -35,6 +36,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        honour_umask(Path(tmp), directory=False)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=False, default=str)
             fh.write("\n")
@@ -148,37 +150,90 @@ def up_to_date(final_dir: Path, fingerprint: str) -> dict[str, Any] | None:
     return None
 
 
+def rewrite_paths(data: Any, old: Path, new: Path) -> Any:
+    """``data`` with every string's ``old`` path prefix replaced by ``new``, walked structurally.
+
+    Text replacement on serialised JSON misses paths that JSON escapes (non-ASCII, quotes,
+    backslashes, newlines); walking the object sees each string as it is.
+    """
+    old_s, new_s = str(old), str(new)
+    if isinstance(data, str):
+        return data.replace(old_s, new_s)
+    if isinstance(data, Path):
+        return Path(str(data).replace(old_s, new_s))
+    if isinstance(data, dict):
+        return {rewrite_paths(k, old, new): rewrite_paths(v, old, new) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [rewrite_paths(v, old, new) for v in data]
+    return data
+
+
+def require_current_engine(workdir: Path) -> dict[str, Any]:
+    """The engine manifest, refused (exit 2) when ``convert/`` changed after ``engine/`` was built.
+
+    The build records ``inputs.convert_manifest``, the hash of the convert manifest it read;
+    serving a bundle whose draft no longer matches it (e.g. other aux layers) fails silently.
+    """
+    workdir = Path(workdir)
+    engine = require_manifest(workdir / "engine", "build", "build")
+    built_from = (engine.get("inputs") or {}).get("convert_manifest")
+    convert = read_manifest(workdir / "convert")
+    # Without convert/ (a CI job restoring only engine/) there is nothing newer to compare with.
+    if convert is not None and built_from is not None and built_from != manifest_hash(convert):
+        raise InputError(f"{workdir / 'engine'} was built from an older convert (convert/ changed since)",
+                         fix="run `specconvert build RECIPE`")
+    return engine
+
+
 @contextmanager
 def stage_dir(final_dir: Path, stage: str, inputs: dict[str, Any]) -> Iterator[StageRun]:
     """Stage into a temporary sibling directory; swap it in only when the body succeeds.
 
-    On any exception the staging directory is removed and the previous stage
-    directory (if any) is left untouched, so nothing half-written is ever visible.
+    Holds the workdir lock throughout. On any exception (SIGTERM included) the staging
+    directory is removed and the previous stage directory (if any) is left untouched,
+    so nothing half-written is ever visible. A directory specconvert did not make is
+    refused before anything is written.
     """
     final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.staging-", dir=final_dir.parent))
-    run = StageRun(stage, final_dir, staging, compute_fingerprint(stage, inputs), inputs, time.perf_counter())
-    try:
-        yield run
-        manifest = getattr(run, "manifest", None)
-        if manifest is None:
-            raise RuntimeError(f"stage {stage} finished without a manifest")
-        # Paths in the manifest point into the staging dir; rewrite them to the final dir.
-        manifest = json.loads(json.dumps(manifest, default=str).replace(str(staging), str(final_dir)))
-        run.manifest = manifest
-        write_json_atomic(staging / MANIFEST, manifest)
-        _swap_in(staging, final_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with workdir_lock(final_dir.parent):
+        check_replaceable(final_dir)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.staging-", dir=final_dir.parent))
+        try:
+            write_marker(staging, stage)
+            honour_umask(staging, directory=True)
+            fault_point("staging")
+            run = StageRun(stage, final_dir, staging, compute_fingerprint(stage, inputs), inputs, time.perf_counter())
+            yield run
+            manifest = getattr(run, "manifest", None)
+            if manifest is None:
+                raise RuntimeError(f"stage {stage} finished without a manifest")
+            # Paths in the manifest point into the staging dir; rewrite them to the final dir.
+            manifest = rewrite_paths(json.loads(json.dumps(manifest, default=str)), staging, final_dir)
+            run.manifest = manifest
+            write_json_atomic(staging / MANIFEST, manifest)
+            _swap_in(staging, final_dir)
+        except BaseException:
+            if staging.exists():
+                remove_ours(staging)
+            raise
 
 
 def _swap_in(staging: Path, final_dir: Path) -> None:
+    """Two renames; a kill between them leaves ``.<name>.old-*`` that the next run puts back."""
     old = None
-    if final_dir.exists() or final_dir.is_symlink():
+    if os.path.lexists(final_dir):
+        check_replaceable(final_dir)
         old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}-{time.time_ns()}")
+        if not (final_dir / MARKER).exists():  # a stage from before markers: claim it so a crash stays healable
+            write_marker(final_dir, final_dir.name)
         os.replace(final_dir, old)
-    os.replace(staging, final_dir)
+    try:
+        fault_point("swap")
+        os.replace(staging, final_dir)
+    except BaseException:
+        if old is not None and not os.path.lexists(final_dir):
+            os.replace(old, final_dir)
+        raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        fault_point("cleanup")
+        remove_ours(old)

@@ -44,3 +44,37 @@ def test_failure_on_first_run_leaves_nothing(tmp_path):
             (run.path / "a").write_text("x")
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_between_the_two_renames_puts_the_previous_stage_back(tmp_path, monkeypatch):
+    from specconvert import manifest as manifest_module
+
+    final = tmp_path / "engine"
+    with stage_dir(final, "build", {"v": 1}) as run:
+        (run.path / "old.txt").write_text("old")
+        run.finish()
+
+    def interrupt(point):
+        if point == "swap":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(manifest_module, "fault_point", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with stage_dir(final, "build", {"v": 2}) as run:
+            run.finish()
+    assert (final / "old.txt").read_text() == "old"
+    assert read_manifest(final)["inputs"] == {"v": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+
+
+def test_a_folder_without_our_manifest_is_never_replaced(tmp_path):
+    from specconvert.errors import InputError
+
+    final = tmp_path / "engine"
+    final.mkdir()
+    (final / "NOTES.md").write_text("mine")
+    with pytest.raises(InputError, match="was not made by specconvert"):
+        with stage_dir(final, "build", {}) as run:
+            run.finish()
+    assert [p.name for p in final.iterdir()] == ["NOTES.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]

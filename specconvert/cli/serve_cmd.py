@@ -34,6 +34,7 @@ def serve(
     """Serve the bundle's reference EAGLE-3 decoder over an OpenAI-compatible HTTP API (reads <workdir>/engine/)."""
     from .. import output
     from ..errors import InputError
+    from ..manifest import require_current_engine
     from ..serving.engine import load_engine, reference_settings
     from ..serving.process import port_in_use
 
@@ -42,6 +43,7 @@ def serve(
         raise InputError(f"--drafter {drafter}: unknown", fix="use eagle or oracle")
     engine_dir = loaded.workdir_path / "engine"
     reference_settings(engine_dir)  # InputError "run build first" before anything slow
+    require_current_engine(loaded.workdir_path)  # never serve a bundle built from an older convert
     port = port if port is not None else loaded.runtime.port
     if port_in_use(host, port):
         raise InputError(f"port {port} on {host} is already in use", fix="pass --port with a free port, or stop the other server")

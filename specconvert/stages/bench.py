@@ -23,7 +23,7 @@ from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stre
 from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
 from ..bench.workload import Run, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
 from ..errors import CheckFailed, ExternalFailure, InputError
-from ..manifest import manifest_hash, read_manifest, require_manifest, stage_dir, write_json_atomic
+from ..manifest import manifest_hash, read_manifest, require_current_engine, require_manifest, stage_dir, write_json_atomic
 from ..serving.urls import redact_url
 
 STAGE = "bench"
@@ -64,6 +64,8 @@ def run(
 ) -> BenchResult:
     """Measure and write the report. ``recipe`` is needed unless ``url`` is given."""
     engine_dir = recipe.workdir_path / "engine" if recipe is not None else None
+    if recipe is not None and (url is None or trtllm_bench):
+        require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
     engine_manifest = None
     bench_script = None
     if trtllm_bench:

@@ -22,6 +22,7 @@ from ..backends import launch
 from ..backends.trtllm import loader, options as trt_options, rules, versions
 from ..errors import InputError
 from ..manifest import compute_fingerprint, manifest_hash, require_manifest, stage_dir, up_to_date
+from ..workdir import workdir_lock
 
 STAGE = "build"
 
@@ -88,6 +89,12 @@ def _yaml(options: dict[str, Any], header: list[str]) -> str:
 
 def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
     """Build (or keep, when unchanged) ``<workdir>/engine/``; return its manifest."""
+    # Locked from the read of convert/ on, so a concurrent convert cannot swap it mid-build.
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, force, load)
+
+
+def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
     convert = read_convert(recipe)
     decided = plan(recipe, convert)
     target: versions.TargetVersion = decided["target"]

@@ -25,6 +25,7 @@ from ..models.copying import copy_tree, source_files
 from ..models.sources import ResolvedModel, resolve_model
 from ..recipe import Recipe
 from .preflight import check_target_weights, check_workdir, read_target_config
+from ..workdir import check_replaceable, workdir_lock
 
 STAGE = "convert"
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -155,6 +156,12 @@ def _train_data_fingerprint(recipe: Recipe) -> dict[str, Any] | None:
 
 def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tuple[dict[str, Any], bool]:
     """Run the stage. Returns (manifest, skipped)."""
+    # The lock covers training too: it writes the workdir's training cache before staging opens.
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, force, allow_pickle)
+
+
+def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
     p = plan(recipe, allow_pickle)
     for message in p.warnings:
@@ -174,6 +181,7 @@ def run(recipe: Recipe, force: bool = False, allow_pickle: bool = False) -> tupl
             "the baseline. Use it for plumbing tests only; give draft.model for a real head."
         )
     timings = {"plan_s": round(time.perf_counter() - started, 3)}
+    check_replaceable(final)  # before training, not after an hour of it
     trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
     with stage_dir(final, STAGE, inputs) as staging:
         target_section = _write_target(recipe, p, staging.path / "target", timings)

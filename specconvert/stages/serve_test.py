@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import output
 from ..errors import EnvironmentMissing, InputError
-from ..manifest import manifest_hash, require_manifest, stage_dir
+from ..manifest import manifest_hash, require_current_engine, require_manifest, stage_dir
 from ..prompts import load_samples
 from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
@@ -424,6 +424,8 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
     overrides = list(overrides or [])
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
+    if url is None:
+        require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
     prompts = load_prompts(recipe)
     phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
     final = serve_test_dir(recipe)
