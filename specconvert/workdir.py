@@ -293,6 +293,11 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
         return
     # Folders made only to hold the lock go again if the stage writes nothing (e.g. bad input).
     created = [d for d in (workdir, *workdir.parents) if not d.exists()]
+    existing = next((d for d in (workdir, *workdir.parents) if d.exists()), None)
+    # Ask before creating anything: root passes a mode check the mount would still refuse.
+    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"workdir {workdir} cannot be written ({existing} refuses writes)",
+                         fix="set `workdir:` to a folder you can write, or fix its permissions")
     path = workdir / LOCK_NAME
     try:
         workdir.mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,7 @@ def check_workdir(workdir: Path, sources: list[tuple[str, Path]]) -> None:
         if existing.parent == existing:
             break
         existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        what = "workdir" if existing == workdir else f"workdir {workdir}: its parent"
-        raise InputError(f"{what} {existing} is a file, not a folder",
-                         fix="set workdir to a folder path (recipe key `workdir`), or move the file away")
+    # A workdir that is a file (or below one) is refused earlier, by workdir.workdir_lock.
     if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"workdir {workdir} cannot be written ({existing} is read-only for this user)",
                          fix="set workdir to a writable folder (recipe key `workdir`, or --set workdir=DIR)")

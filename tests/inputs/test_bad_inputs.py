@@ -188,7 +188,7 @@ ROWS = [
     Row("target-symlink-broken", broken_link, "is a broken symlink"),
     Row("workdir-inside-target", workdir_in_target, "is inside the target folder"),
     Row("workdir-inside-head", workdir_in_head, "is inside the draft folder"),
-    Row("workdir-is-a-file", workdir_is_file, "is a file, not a folder"),
+    Row("workdir-is-a-file", workdir_is_file, "is a file"),
     Row("workdir-read-only", workdir_read_only, "cannot be written"),
     Row("disk-full-while-copying", disk_full, "no space left on the device"),
     Row("calib-prompts-missing", calib("missing.jsonl", None), "does not exist"),
