@@ -2,9 +2,16 @@
 
 A head's tensors are the thing its acceptance was measured with, so convert never
 changes them without saying so. ``draft.export_dtype: auto`` keeps an imported head
-bit-exact in its own dtype (runtimes cast a draft to their compute dtype at load time,
-as they would the original head); a head trained or initialised here is written in
-the target's dtype, the one it will run in. Any other choice is a cast made once,
+bit-exact in its own dtype, so it deploys exactly as the original would (public heads
+often differ from their target: the EAGLE-3 Llama-3.1-8B head is fp16 for a bf16
+target, SafeAILab/EAGLE issue 259). What a runtime then does with it: vLLM 0.32 builds
+the draft in the target's dtype (``vllm/config/speculative.py``, ``draft_model_config``
+``dtype=self.target_model_config.dtype``); TensorRT-LLM reads the draft's own config
+(``ModelConfig.from_pretrained(spec_config.speculative_model)`` in
+``tensorrt_llm/_torch/models/modeling_speculative.py``, main 2026); SGLang has an open
+change to make the draft inherit the target's dtype because strict norm kernels reject a
+mismatch (sgl-project/sglang PR 25894, May 2026). A head trained or initialised here
+is written in the target's dtype, the one it will run in. Any other choice is a cast made once,
 here, where it can be checked: a value the new dtype cannot hold stops convert
 before anything is written, and every cast tensor is listed in the manifest.
 """

@@ -158,7 +158,9 @@ def test_export_dtype_is_part_of_the_fingerprint(cli, tmp_path, targets):
     ],
     ids=["fp32-1e5-to-fp16", "bf16-7e4-to-fp16", "fp32-max-to-bf16"],
 )
-def test_overflowing_cast_exits_2_names_the_tensor_and_writes_nothing(cli, tmp_path, targets, head_dtype, export_dtype, value, suggested):
+def test_overflowing_cast_exits_2_names_the_tensor_and_writes_nothing(
+    cli, tmp_path, targets, head_dtype, export_dtype, value, suggested
+):
     import torch
 
     fc = canonical_tensors(seed=0, dtype=head_dtype)["fc.weight"].clone()
