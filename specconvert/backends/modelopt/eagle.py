@@ -193,8 +193,6 @@ def load_head(model: Any, tensors: dict[str, Any]) -> None:
     (``heads.dtype.cast_for_export``), where the cast is checked and recorded.
     """
     torch = require("torch")
-    from ...heads.dtype import tensors_dtype
-
     gen = generation()
     module = model.eagle_module
     expected = {k: v for k, v in module.state_dict().items() if not k.endswith("inv_freq")}
@@ -214,10 +212,13 @@ def load_head(model: Any, tensors: dict[str, Any]) -> None:
             )
     if any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers()):
         module.to_empty(device="cpu")
-    dtype = tensors_dtype(tensors)
-    if dtype is not None:
+    dtypes = {v.dtype for v in incoming.values() if v.is_floating_point()}
+    if len(dtypes) > 1:
+        raise InputError(f"head tensors have several floating dtypes {sorted(map(str, dtypes))}",
+                         fix="cast the head to one dtype before converting")
+    if dtypes:
         # casts floating parameters and buffers only: d2t stays int64 (rotary inv_freq is never exported)
-        module.to(getattr(torch, dtype))
+        module.to(dtypes.pop())
     with torch.no_grad():
         module.load_state_dict(incoming, strict=False)
 
