@@ -93,6 +93,22 @@ def test_every_head_dtype_imports_bit_exact_for_every_target_dtype(cli, tmp_path
         assert exported[name].dtype == value.dtype and torch_equal(exported[name], value), name
 
 
+@compat
+@pytest.mark.parametrize("export_dtype", ["auto", "bfloat16"], ids=["own-fp16", "cast-to-bf16"])
+def test_head_without_lm_head_keeps_none_in_any_dtype(cli, tmp_path, targets, export_dtype):
+    """Model Optimizer's exporter fills a missing lm_head from the (bf16) target; it must not come back."""
+    head = write_head(tmp_path / "head", "modelopt", dtype="float16", with_lm_head=False, with_d2t=False, draft_vocab_size=256)
+    draft = f"  model: {head}\n  export_dtype: {export_dtype}"
+    result = cli("convert", recipe_for(tmp_path, targets["bfloat16"], draft), "--json")
+    assert result.code == 0, result.stderr
+    manifest = result.json()["manifest"]
+    assert manifest["draft"]["has_lm_head"] is False and check_names(manifest)["lossless import"]["ok"] is True
+    want = "float16" if export_dtype == "auto" else "bfloat16"
+    exported = load_exported(Path(manifest["artifacts"]["draft_dir"]))
+    assert "lm_head.weight" not in exported
+    assert {str(t.dtype) for t in exported.values() if t.is_floating_point()} == {f"torch.{want}"}
+
+
 def torch_equal(a, b) -> bool:
     import torch
 
