@@ -158,6 +158,15 @@ class DraftSpec(_Strict):
         description="Train a new head from the target's own outputs with Model Optimizer (see docs/training.md); "
         "`convert` then trains instead of importing, and measures acceptance on held-out prompts.",
     )
+    export_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="dtype of the exported head's tensors (and its config's `torch_dtype`). `auto`: an imported head "
+        "keeps its own dtype, bit-exact (deployed as the original would be); a head trained or initialised here "
+        "takes the target's dtype. Set the target's dtype for a runtime that wants draft and target alike. "
+        "Any other value casts the head once, in convert: a value the new dtype cannot hold (e.g. beyond ±65504 "
+        "for float16) stops convert naming the tensor, and every cast is recorded in the manifest "
+        "(`decisions.export_dtype_reason`, `decisions.casts`).",
+    )
     num_layers: int = Field(1, ge=1, description="Decoder layers of a new (random or trained) head.")
     draft_vocab_size: int | None = Field(
         None, ge=1, description="Draft vocabulary of a new head; default: the target's vocabulary."

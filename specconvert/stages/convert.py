@@ -183,9 +183,10 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
     timings = {"plan_s": round(time.perf_counter() - started, 3)}
     check_replaceable(final)  # before training, not after an hour of it
     trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
+    head = _draft_tensors(recipe, p, trained)  # dtype decided and casts checked before anything is written
     with stage_dir(final, STAGE, inputs) as staging:
         target_section = _write_target(recipe, p, staging.path / "target", timings)
-        draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings, trained)
+        draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings, trained, head)
         extra = {}
         if trained is not None:
             extra["training"] = trained.manifest_section()
@@ -202,6 +203,8 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
                 "draft_vocab_size": draft_section["draft_vocab_size"],
                 "rope_export": draft_section["rope_export"],
                 "export_dtype": draft_section["dtype"],
+                "export_dtype_reason": head.dtype.reason,
+                "casts": head.casts,
                 # How the first draft layer normalises the target feature: `eagle3` = hidden_norm(h),
                 # what TensorRT-LLM, vLLM, SGLang and EAGLE compute (Model Optimizer's training module
                 # computes hidden_norm(input_layernorm(h)); see docs/reference_decoder.md).
@@ -371,39 +374,52 @@ def _skeleton(recipe: Recipe, p: ConvertPlan):
     return model
 
 
-def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], trained: Any = None) -> tuple[dict[str, Any], list[dict]]:
+def _draft_tensors(recipe: Recipe, p: ConvertPlan, trained: Any = None):
+    """The head's tensors in the export dtype (``draft.export_dtype``), casts checked and recorded."""
+    from ..heads.dtype import prepare_for_export
+
+    if p.head is not None:
+        source, origin = p.head.tensors, "imported"
+    elif trained is not None:
+        source, origin = trained.tensors, "trained"
+    else:
+        source, origin = None, "random"
+    head = prepare_for_export(source, recipe.draft.export_dtype, origin, p.dtype)
+    if head.casts:
+        output.log(f"draft: {len(head.casts)} tensor(s) cast {head.dtype.source_dtype} -> {head.dtype.dtype} "
+                   f"({sum(c['rounded'] for c in head.casts)} value(s) rounded): {head.dtype.reason}")
+    return head
+
+
+def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], trained: Any = None,
+                 head: Any = None) -> tuple[dict[str, Any], list[dict]]:
     from ..backends.modelopt import eagle
 
     torch = require("torch")
     t0 = time.perf_counter()
+    head = head or _draft_tensors(recipe, p, trained)
+    export_dtype = getattr(torch, head.dtype.dtype)
     model = _skeleton(recipe, p)
     if p.head is not None:
         arch = _arch_from_head(p.head.arch)
-        export_dtype = getattr(torch, p.head.arch.dtype)
     elif trained is not None:
         arch = trained.arch
-        export_dtype = getattr(torch, p.dtype)
     else:
         arch = eagle.EagleArch.for_target(model.config, recipe.draft.draft_vocab_size, recipe.draft.num_layers)
-        export_dtype = getattr(torch, p.dtype)
     with output.progress() as bar:
         task = bar.add_task("attach EAGLE-3 head (Model Optimizer)", total=3)
         eagle.attach_eagle(model, arch, p.aux_layer_ids)
         bar.advance(task)
-        if p.head is not None:
-            tensors = dict(p.head.tensors)
-            drop_lm_head = "lm_head.weight" not in tensors
+        drop_lm_head = False
+        if head.tensors is not None:
+            drop_lm_head = "lm_head.weight" not in head.tensors
             if drop_lm_head:
                 # Model Optimizer's exporter copies the target's lm_head when the head has none;
                 # the canonical layout leaves it out (runtimes take the target's).
                 model.lm_head.to_empty(device="cpu")
-            eagle.load_head(model, tensors)
-        elif trained is not None:
-            drop_lm_head = False
-            eagle.load_head(model, trained.tensors)
+            eagle.load_head(model, head.tensors)
         else:
-            drop_lm_head = False
-            _random_init(model, seed=0)
+            _random_init(model, seed=0, dtype=export_dtype)
         bar.advance(task)
         rope = _rope_for_export(p)
         eagle.export_draft(model, out, export_dtype, rope["config"])
@@ -411,10 +427,8 @@ def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, f
             _drop_tensor(out / "model.safetensors", "lm_head.weight")
         bar.advance(task)
     timings["draft_s"] = round(time.perf_counter() - t0, 3)
-    expect = p.head.tensors if p.head is not None else None
-    if trained is not None:
-        expect = {k: v.to(export_dtype) if v.is_floating_point() else v for k, v in trained.tensors.items()}
-    checks = verify_draft(out, p, expect=expect)
+    # like with like: the source as cast (and checked) for export, so any other change shows
+    checks = verify_draft(out, p, expect=head.tensors, casts=head.casts)
     config = json.loads((out / "config.json").read_text())
     section = {
         "source": p.head_source.spec if p.head_source else None,
@@ -429,7 +443,8 @@ def _write_draft(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, f
         "rope_theta": config.get("rope_theta"),
         "rope_scaling": config.get("rope_scaling"),
         "rope_export": rope["choice"],
-        "dtype": str(export_dtype).replace("torch.", ""),
+        "dtype": head.dtype.dtype,
+        "source_dtype": head.dtype.source_dtype,
         "has_lm_head": "lm_head.weight" in _tensor_names(out / "model.safetensors"),
     }
     return section, checks
@@ -471,11 +486,12 @@ def _rope_for_export(p: ConvertPlan) -> dict[str, Any]:
     return {"config": {"rope_theta": theta, "rope_scaling": scaling}, "choice": choice}
 
 
-def _random_init(model: Any, seed: int) -> None:
-    """Seeded init of a fresh head (the module was created on the meta device)."""
+def _random_init(model: Any, seed: int, dtype: Any) -> None:
+    """Seeded init of a fresh head (the module was created on the meta device), built in ``dtype``."""
     torch = require("torch")
     module = model.eagle_module
     module.to_empty(device="cpu")
+    module.to(dtype)
     generator = torch.Generator().manual_seed(seed)
     std = getattr(model.config, "initializer_range", 0.02) or 0.02
     with torch.no_grad():
@@ -505,8 +521,9 @@ def _drop_tensor(path: Path, name: str) -> None:
     save_file(state, str(path))
 
 
-def verify_draft(out: Path, p: ConvertPlan, expect: dict[str, Any] | None) -> list[dict]:
-    """Read the exported head back: layout, config facts, and (for imports) exact tensor equality."""
+def verify_draft(out: Path, p: ConvertPlan, expect: dict[str, Any] | None, casts: list[dict] | None = None) -> list[dict]:
+    """Read the exported head back: layout, config facts, and exact tensor equality (dtype included) with
+    ``expect``, the source tensors as cast for export (``casts`` lists which were cast)."""
     from safetensors.torch import load_file
 
     torch = require("torch")
@@ -532,16 +549,21 @@ def verify_draft(out: Path, p: ConvertPlan, expect: dict[str, Any] | None) -> li
         ok = bool(((targets >= 0) & (targets < p.target_info.vocab_size)).all()) and targets.unique().numel() == d2t.numel()
         record("d2t in range and injective", ok, f"{d2t.numel()} draft ids -> target vocab {p.target_info.vocab_size}")
     if expect is not None:
+        # torch.equal compares values across dtypes: check the dtype too, or a stray cast passes
         mismatched = [
             name
             for name, value in expect.items()
-            if name in exported and not torch.equal(exported[name], value)
+            if name in exported and (exported[name].dtype != value.dtype or not torch.equal(exported[name], value))
         ]
         absent = sorted(set(expect) - set(exported))
         extra = sorted(set(exported) - set(expect))
         ok = not mismatched and not absent and not extra
+        cast_note = ""
+        if casts:
+            pairs = sorted({f"{c['from']} -> {c['to']}" for c in casts})
+            cast_note = f" ({len(casts)} cast {', '.join(pairs)}: compared with the source cast the same way)"
         detail = (
-            f"{len(expect)} tensors identical to the source after renaming"
+            f"{len(expect)} tensors identical to the source after renaming{cast_note}"
             if ok
             else f"differs: {mismatched[:4]} missing: {absent[:4]} extra: {extra[:4]}"
         )

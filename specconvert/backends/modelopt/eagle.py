@@ -185,7 +185,13 @@ def head_state(model: Any) -> dict[str, Any]:
 
 
 def load_head(model: Any, tensors: dict[str, Any]) -> None:
-    """Load canonical head tensors into ``model.eagle_module``; every parameter must be covered."""
+    """Load canonical head tensors into ``model.eagle_module``; every parameter must be covered.
+
+    The module takes the tensors' own dtype first, so loading copies them bit for bit
+    (the module was built in the target's dtype; loading an fp32 head into a bf16
+    module would round it on the way in). Cast the tensors beforehand to change dtype
+    (``heads.dtype.cast_for_export``), where the cast is checked and recorded.
+    """
     torch = require("torch")
     gen = generation()
     module = model.eagle_module
@@ -206,23 +212,35 @@ def load_head(model: Any, tensors: dict[str, Any]) -> None:
             )
     if any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers()):
         module.to_empty(device="cpu")
+    dtypes = {v.dtype for v in incoming.values() if v.is_floating_point()}
+    if len(dtypes) > 1:
+        raise InputError(f"head tensors have several floating dtypes {sorted(map(str, dtypes))}",
+                         fix="cast the head to one dtype before converting")
+    if dtypes:
+        # casts floating parameters and buffers only: d2t stays int64 (rotary inv_freq is never exported)
+        module.to(dtypes.pop())
     with torch.no_grad():
-        state = {k: v.to(expected[k].dtype) if v.is_floating_point() else v for k, v in incoming.items()}
-        module.load_state_dict(state, strict=False)
+        module.load_state_dict(incoming, strict=False)
 
 
 def export_draft(model: Any, out_dir: Path, dtype: Any, config_overrides: dict[str, Any]) -> None:
     """Write the canonical draft folder: ``config.json`` + ``model.safetensors``.
 
-    The module is cast to ``dtype`` first (Model Optimizer keeps the module's dtype).
-    ``config_overrides`` replaces keys of the exported config: rope settings and
-    ``torch_dtype`` must describe the tensors, not Model Optimizer's defaults.
+    The head must already be in ``dtype`` (``load_head`` of tensors cast and checked
+    by ``heads.dtype.cast_for_export``): a cast here would change the tensors
+    unrecorded. Model Optimizer's exporter writes each tensor in the dtype it holds
+    (0.47: ``EagleExporter.export`` in ``modelopt/torch/export/plugins/hf_spec_export.py``
+    saves ``model.state_dict()`` as is). ``config_overrides`` replaces keys of the
+    exported config: rope settings and ``torch_dtype`` must describe the tensors, not
+    Model Optimizer's defaults.
     """
     torch = require("torch")
     gen = generation()
     out_dir = Path(out_dir)
+    stray = sorted({str(v.dtype) for k, v in head_state(model).items() if v.is_floating_point() and v.dtype != dtype})
+    if stray:
+        raise ValueError(f"EAGLE module holds {stray}, export dtype is {dtype}: cast the tensors before load_head")
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.eagle_module.to(dtype)
     if gen == "new":
         from modelopt.torch.export.unified_export_hf import export_speculative_decoding
 
