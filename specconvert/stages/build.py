@@ -66,8 +66,12 @@ def read_convert(recipe: Any) -> dict[str, Any]:
     return manifest
 
 
-def plan(recipe: Any, convert: dict[str, Any] | None) -> dict[str, Any]:
-    """Everything build decides, without writing: version, rules, options. Raises on a bad combination."""
+def plan(recipe: Any, convert: dict[str, Any] | None, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything build decides, without writing: version, rules, options. Raises on a bad combination.
+
+    ``tuned`` is the tune manifest's ``schedules`` (see :func:`tune_schedules`): TensorRT-LLM then
+    gets the measured ``max_draft_len`` and ``draft_len_schedule``, or no speculation at all.
+    """
     target = versions.resolve(recipe.runtime.trtllm_version)
     report = rules.check(recipe, convert, target)
     if report.errors:
@@ -77,10 +81,34 @@ def plan(recipe: Any, convert: dict[str, Any] | None) -> dict[str, Any]:
     if convert is not None:
         artifacts = convert["artifacts"]
         aux = convert["decisions"]["aux_layer_ids"]
-        spec = trt_options.speculative_config(target, recipe.build, artifacts["draft_dir"], aux, report)
-        result["options"] = trt_options.llm_api_options(target, recipe.build, report, spec)
-        result["baseline"] = trt_options.llm_api_options(target, recipe.build, report, None)
+        build = recipe.build
+        trt_tuned = (tuned or {}).get("trtllm")
+        spec = None
+        if trt_tuned is None or trt_tuned["speculate"]:
+            if trt_tuned is not None:
+                build = build.model_copy(update={"max_draft_len": int(trt_tuned["max_draft_len"])})
+            spec = trt_options.speculative_config(target, build, artifacts["draft_dir"], aux, report)
+            if trt_tuned is not None and trt_tuned.get("draft_len_schedule"):
+                spec["draft_len_schedule"] = {int(k): int(v) for k, v in trt_tuned["draft_len_schedule"].items()}
+        result["options"] = trt_options.llm_api_options(target, build, report, spec)
+        result["baseline"] = trt_options.llm_api_options(target, build, report, None)
     return result
+
+
+def tune_schedules(recipe: Any, convert: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The schedules `specconvert tune` chose for this convert, or None and why they are not used."""
+    from .tune import read_tune, tune_dir
+
+    tune = read_tune(recipe)
+    if tune is None:
+        return None, "no tune/ result: the recipe's draft shape is used (run `specconvert tune RECIPE` to measure)"
+    if (tune.get("inputs") or {}).get("convert_manifest") != manifest_hash(convert):
+        output.warn(f"{tune_dir(recipe)} was measured on an older convert: ignored; rerun `specconvert tune RECIPE`")
+        return None, "tune/ was measured on an older convert: ignored"
+    if recipe.build.tree is not None:
+        output.warn("build.tree is set: tune measured chains only, so the recipe's tree is kept")
+        return None, "build.tree is set: tune measures chains only"
+    return tune.get("schedules"), f"tuned by `specconvert tune` ({tune_dir(recipe)})"
 
 
 def _yaml(options: dict[str, Any], header: list[str]) -> str:
@@ -96,13 +124,15 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
 
 def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
     convert = read_convert(recipe)
-    decided = plan(recipe, convert)
+    tuned, tune_note = tune_schedules(recipe, convert)
+    decided = plan(recipe, convert, tuned)
     target: versions.TargetVersion = decided["target"]
     report: rules.RuleReport = decided["report"]
     final = engine_dir(recipe)
     inputs = {
         "recipe": recipe.section("build", "runtime"),
         "convert_manifest": manifest_hash(convert),
+        "tuned": tuned,
         "tensorrt_llm_installed": installed_version("tensorrt_llm"),
         "load": load,
     }
@@ -140,27 +170,32 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
         (trt / "dataset.jsonl").write_text(launch.bench_dataset(), encoding="utf-8")
 
         overlays = {}
-        for engine, update, script in (
-            ("vllm", launch.vllm_overlay_update(aux), launch.vllm_serve),
-            ("sglang", launch.sglang_overlay_update(aux), launch.sglang_serve),
-        ):
+        for engine, update in (("vllm", launch.vllm_overlay_update(aux)), ("sglang", launch.sglang_overlay_update(aux))):
             overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
-            launch.write_executable(
-                root / engine / "serve.sh",
-                script(target_dir, str(final / engine / "draft"), recipe.build, recipe.runtime, title),
-            )
+        launch.write_executable(root / "vllm" / "serve.sh",
+                                launch.vllm_serve(target_dir, str(final / "vllm" / "draft"), recipe.build, recipe.runtime, title))
+        launch.write_executable(root / "sglang" / "serve.sh",
+                                launch.sglang_serve(target_dir, str(final / "sglang" / "draft"), recipe.build, recipe.runtime,
+                                                    title, tuned=(tuned or {}).get("sglang")))
 
         reference_settings = {
             "target_dir": target_dir,
             "draft_dir": draft_dir,
             "aux_layer_ids": aux,
             "max_draft_len": recipe.build.max_draft_len,
+            "speculative": True,
             "tree": recipe.build.tree.model_dump() if recipe.build.tree else None,
             "device": recipe.runtime.device,
             "dtype": (convert.get("target") or {}).get("dtype"),
             "temperature": recipe.build.temperature,
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
         }
+        ref_tuned = (tuned or {}).get("reference")
+        if ref_tuned is not None:
+            # The reference server decodes one request at a time: batch 1's measured choice.
+            reference_settings["speculative"] = bool(ref_tuned["speculate"])
+            if ref_tuned["speculate"]:
+                reference_settings["max_draft_len"] = int(ref_tuned["max_draft_len"])
         (root / "reference").mkdir()
         (root / "reference" / "settings.json").write_text(json.dumps(reference_settings, indent=2) + "\n")
 
@@ -177,6 +212,8 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             "sglang_config_aux_layer_ids": launch.sglang_config_aux_ids(aux),
             "sglang_captured_layers": launch.sglang_captured_layers(launch.sglang_config_aux_ids(aux)),
             "aux_layer_numbering": launch.aux_layer_numbering(aux),
+            "tune": tune_note,
+            "tuned": tuned,
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
             "trtllm_drafting": "dynamic_tree" if report.trtllm_tree else f"chain of {recipe.build.max_draft_len}",
             "sglang_shape": launch.chain_or_tree(recipe.build),
