@@ -45,7 +45,7 @@ def run_one(recipe: Path, workdir: Path, minutes: float, overrides: list[str], s
     for f in cache.glob("synthesis-*.jsonl"):
         shutil.copy2(f, shared_cache / f.name)
     # a fresh checkpoint per budget: a finished run's checkpoint would be resumed by the next budget
-    for f in cache.glob("checkpoint-*.pt"):
+    for f in cache.glob("checkpoint-*.safetensors"):
         f.unlink()
     manifest = json.loads(proc.stdout)["manifest"]
     return {"minutes": minutes, "wall_s": round(wall, 1), "training": manifest["training"], "timings": manifest["timings"]}

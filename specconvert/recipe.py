@@ -72,10 +72,12 @@ class TrainSpec(_Strict):
     steps: int | None = Field(None, ge=1, description="Optimizer steps; give this or `epochs` (default 1 epoch when neither).")
     epochs: float | None = Field(None, gt=0, description="Passes over the training data (fractional allowed); give this or `steps`.")
     batch_size: int = Field(8, ge=1, description="Sequences per optimizer step.")
-    lr: float = Field(3.0e-4, gt=0, description="Peak AdamW learning rate (linear warm-up over the first 5%, cosine decay to 10% over the steps or the `max_minutes` budget, whichever ends first).")
+    lr: float = Field(3.0e-4, gt=0, description="Peak AdamW learning rate (linear warm-up over the first 5%, cosine decay to 10%: over `steps` when given, "
+                    "else over the epochs or the `max_minutes` budget, whichever ends first).")
     seq_len: int = Field(512, ge=8, description="Longest training sequence in tokens (longer ones are truncated).")
     max_minutes: float | None = Field(
-        None, gt=0, description="Wall-clock budget of the training loop: stop cleanly at it and keep the best checkpoint."
+        None, gt=0, description="Wall-clock budget of the training loop: stop cleanly at it and keep the best checkpoint. "
+        "With `steps` it is only a safety cap (the schedule follows the steps, so the head does not depend on machine load)."
     )
     num_processes: int = Field(
         1,

@@ -161,7 +161,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     )
     features = FeatureExtractor(target, aux_layer_ids)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
-                      cache / f"checkpoint-{run_key}.pt", run_key, world)
+                      cache / f"checkpoint-{run_key}.safetensors", run_key, world)
     if trainer.load_checkpoint():
         output.log(f"draft.train: resuming from step {trainer.step} ({trainer.elapsed_s / 60:.1f} min done) "
                    f"of checkpoint {trainer.checkpoint_path}")
