@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
+from .yaml_strict import DuplicateKey, parse_yaml
 
 SCHEMA_VERSION = 1
 
@@ -407,7 +408,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not parts:
         raise InputError(f"--set '{text}' has an empty key", fix="write it as --set build.max_draft_len=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
+    except DuplicateKey as exc:
+        raise InputError(f"--set {text}: {exc}", fix="give each key once") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -436,7 +439,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if not path.is_file():
         raise InputError(f"recipe file '{path}' does not exist", fix="pass the path of a recipe YAML, e.g. recipes/smollm2-135m-eagle3-cpu.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKey as exc:
+        raise InputError(f"{path}: {exc}", fix=f"keep one '{exc.key}' (merge the two blocks, or delete the one you do not mean)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -83,3 +83,10 @@ def test_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
     except SystemExit:
         pass
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_duplicate_recipe_key_exits_2_naming_both_lines(cli, tmp_path):
+    text = "name: x\ntarget:\n  model: a\ndraft:\n  model: ./real-head\ndraft:\n  init: random\n"
+    result = cli("recipe", "validate", write_recipe(tmp_path / "r.yaml", text))
+    assert result.code == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[0].startswith("error: ") and "duplicate key 'draft' at line 6 (first at line 4)" in result.stderr
