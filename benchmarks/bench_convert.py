@@ -74,10 +74,10 @@ def main() -> None:
     print(f"SmolLM2-135M, random head (draft.init: random, no training), fp32, {args.runs} runs each "
           f"(interleaved, subprocess incl. imports); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
-    print(f"{'':24} {'median s':>9} {'ratio':>7}")
+    print(f"{'':24} {'median s':>9} {'ratio':>7}  runs s")
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"{name:24} {med:9.2f} {med / base:6.2f}x")
+        print(f"{name:24} {med:9.2f} {med / base:6.2f}x  {', '.join(f'{v:.1f}' for v in values)}")
 
 
 if __name__ == "__main__":
