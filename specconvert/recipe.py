@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
+from .yaml_strict import DuplicateKey, parse_yaml
 
 SCHEMA_VERSION = 1
 
@@ -91,10 +92,12 @@ class TrainSpec(_Strict):
     steps: int | None = Field(None, ge=1, description="Optimizer steps; give this or `epochs` (default 1 epoch when neither).")
     epochs: float | None = Field(None, gt=0, description="Passes over the training data (fractional allowed); give this or `steps`.")
     batch_size: int = Field(8, ge=1, description="Sequences per optimizer step.")
-    lr: float = Field(3.0e-4, gt=0, description="Peak AdamW learning rate (linear warm-up over the first 5%, cosine decay to 10% over the steps or the `max_minutes` budget, whichever ends first).")
+    lr: float = Field(3.0e-4, gt=0, description="Peak AdamW learning rate (linear warm-up over the first 5%, cosine decay to 10%: over `steps` when given, "
+                    "else over the epochs or the `max_minutes` budget, whichever ends first).")
     seq_len: int = Field(512, ge=8, description="Longest training sequence in tokens (longer ones are truncated).")
     max_minutes: float | None = Field(
-        None, gt=0, description="Wall-clock budget of the training loop: stop cleanly at it and keep the best checkpoint."
+        None, gt=0, description="Wall-clock budget of the training loop: stop cleanly at it and keep the best checkpoint. "
+        "With `steps` it is only a safety cap (the schedule follows the steps, so the head does not depend on machine load)."
     )
     num_processes: int = Field(
         1,
@@ -507,7 +510,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not parts:
         raise InputError(f"--set '{text}' has an empty key", fix="write it as --set build.max_draft_len=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
+    except DuplicateKey as exc:
+        raise InputError(f"--set {text}: {exc}", fix="give each key once") from None
     except yaml.YAMLError as exc:
         # Passing the raw text on made the schema answer "Input should be 'auto'", far from the cause.
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -545,7 +550,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if not path.is_file():
         raise InputError(f"recipe file '{path}' does not exist", fix="pass the path of a recipe YAML, e.g. recipes/smollm2-135m-eagle3-cpu.yaml")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKey as exc:
+        raise InputError(f"{path}: {exc}", fix=f"keep one '{exc.key}' (merge the two blocks, or delete the one you do not mean)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

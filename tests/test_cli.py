@@ -83,3 +83,37 @@ def test_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
     except SystemExit:
         pass
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_duplicate_recipe_key_exits_2_naming_both_lines(cli, tmp_path):
+    text = "name: x\ntarget:\n  model: a\ndraft:\n  model: ./real-head\ndraft:\n  init: random\n"
+    result = cli("recipe", "validate", write_recipe(tmp_path / "r.yaml", text))
+    assert result.code == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[0].startswith("error: ") and "duplicate key 'draft' at line 6 (first at line 4)" in result.stderr
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path):
+    """Typer swallowed KeyboardInterrupt into a silent exit 130: the user saw nothing."""
+    import signal
+    import time
+
+    code = (
+        "import time\n"
+        "from specconvert.cli import app, main\n"
+        "@app.command('sleepy')\n"
+        "def sleepy():\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "main(['sleepy'])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C): nothing half-written was kept"), err

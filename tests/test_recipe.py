@@ -134,3 +134,33 @@ def test_set_value_that_is_not_yaml_names_the_value(raw):
     with pytest.raises(InputError) as exc:
         parse_override(f"draft.aux_layers={raw}")
     assert "is not valid YAML" in exc.value.message and repr(raw) in exc.value.message
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        pytest.param(MINIMAL + "draft:\n  init: random\n", "duplicate key 'draft' at line 7 (first at line 5)", id="second-top-level-block"),
+        pytest.param(MINIMAL.replace("  model: ./target", "  model: ./target\n  model: ./other"),
+                     "duplicate key 'model' at line 5 (first at line 4)", id="nested-key"),
+        pytest.param(MINIMAL + "build:\n  tree: {top_k: 4, top_k: 8, depth: 3}\n", "duplicate key 'top_k' at line 8 (first at line 8)",
+                     id="flow-mapping"),
+        pytest.param(MINIMAL + "name: other\n", "duplicate key 'name' at line 7 (first at line 2)", id="scalar-twice"),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, text, expected):
+    """YAML keeps the last of two equal keys: a second `draft:` block silently replaced the real head."""
+    with pytest.raises(InputError) as info:
+        load_recipe(write_recipe(tmp_path / "r.yaml", text))
+    assert expected in info.value.message and "Fix: keep one" in info.value.one_line()
+
+
+def test_a_merge_may_still_override_its_keys(tmp_path):
+    recipe_text = MINIMAL + "build:\n  <<: {max_draft_len: 2, max_batch_size: 4}\n  max_draft_len: 5\n"
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", recipe_text))
+    assert recipe.build.max_draft_len == 5 and recipe.build.max_batch_size == 4
+
+
+def test_a_set_value_with_a_key_twice_is_refused(tmp_path):
+    path = write_recipe(tmp_path / "r.yaml", MINIMAL)
+    with pytest.raises(InputError, match="duplicate key 'top_k'"):
+        load_recipe(path, ["build.tree={top_k: 4, top_k: 8, depth: 3, total_tokens: 16}"])

@@ -7,8 +7,11 @@ modules import nothing heavy at import time, so ``specconvert --help`` is fast.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
+from typing import Any
 
 import typer
 
@@ -74,13 +77,47 @@ def _disk_problem(exc: BaseException) -> str | None:
     return None
 
 
+# True of every command: a stage is built in a staging folder that is removed on any
+# exception (manifest.stage_dir), and cache files are written whole or healed on reading.
+INTERRUPTED = "interrupted (Ctrl-C): nothing half-written was kept; finished stages and cached work are reused by the next run"
+
+
+class _CtrlC:
+    """Notes that SIGINT arrived, then behaves like Python's default handler.
+
+    Typer catches KeyboardInterrupt inside the command and returns exit code 130 without
+    a word, so ``main`` cannot see the exception; it sees this flag instead.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+
+    def __enter__(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
     try:
-        # Without standalone mode, click returns a command's typer.Exit code instead of raising it.
-        code = app(args=argv, prog_name="specconvert", standalone_mode=False)
+        with _CtrlC() as ctrl_c:
+            # Without standalone mode, click returns a command's typer.Exit code instead of raising it.
+            code = app(args=argv, prog_name="specconvert", standalone_mode=False)
+        if code == 130 and ctrl_c.seen:
+            print(INTERRUPTED, file=sys.stderr)
+            sys.exit(130)
     except SpecConvertError as exc:
         if debug:
             traceback.print_exc()
@@ -97,8 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         # Usage errors: wrong option, missing argument.
         exc.show(file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # raised outside the command (Typer handles it inside)
+        print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
     except Exception as exc:  # the one place unexpected errors are summarised
         if debug:

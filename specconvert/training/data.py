@@ -18,6 +18,7 @@ belongs to the response.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,17 +120,29 @@ def fingerprint(*parts: Any) -> str:
 # --------------------------------------------------------------------------- synthesis
 
 
-def _read_cache(path: Path) -> dict[int, list[int]]:
+def _read_cache(path: Path) -> tuple[dict[int, list[int]], int]:
+    """Responses in the synthesis cache and the byte length of its complete lines.
+
+    Reading stops at the first line that is cut (no newline: an interruption mid-write)
+    or unreadable; everything after it is redone.
+    """
     done: dict[int, list[int]] = {}
     if not path.is_file():
-        return done
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return done, 0
+    data = path.read_bytes()
+    end = 0
+    while True:
+        newline = data.find(b"\n", end)
+        if newline < 0:
+            break
         try:
-            row = json.loads(line)
-            done[int(row["i"])] = [int(t) for t in row["r"]]
+            row = json.loads(data[end:newline].decode("utf-8"))
+            response = [int(t) for t in row["r"]]
+            done[int(row["i"])] = response
         except (ValueError, KeyError, TypeError):
-            break  # a line cut by an interruption: everything after it is redone
-    return done
+            break
+        end = newline + 1
+    return done, end
 
 
 def synthesize(
@@ -149,10 +162,13 @@ def synthesize(
     """
     import torch
 
-    done = _read_cache(cache_file)
+    done, complete = _read_cache(cache_file)
     cached = sum(1 for i in range(len(prompts)) if i in done)
     todo = sorted((i for i in range(len(prompts)) if i not in done), key=lambda i: -len(prompts[i]))
     cache_file.parent.mkdir(parents=True, exist_ok=True)
+    if cache_file.is_file() and cache_file.stat().st_size > complete:
+        # Appending after a cut line would hide every later line from the next read: cut it off first.
+        os.truncate(cache_file, complete)
     device = next(model.parameters()).device
     stops = set(int(s) for s in stop_ids)
     with open(cache_file, "a", encoding="utf-8") as fh:
@@ -234,7 +250,7 @@ def build_sequences(
         mine = list(range(world.rank, len(prompts), world.size))
         t0 = time.perf_counter()
         task = progress.add_task(f"synthesize responses (batch {train.synthesis_batch_size})", total=len(mine))
-        already = len(_read_cache(cache_file))
+        already = len(_read_cache(cache_file)[0])
         progress.advance(task, min(already, len(mine)))
         my_responses, cached = synthesize(
             model, [prompts[i] for i in mine], train.max_new_tokens, train.synthesis_batch_size, stop_ids, pad_id,

@@ -161,7 +161,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     )
     features = FeatureExtractor(target, aux_layer_ids)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
-                      cache / f"checkpoint-{run_key}.pt", run_key, world)
+                      cache / f"checkpoint-{run_key}.safetensors", run_key, world)
     if trainer.load_checkpoint():
         output.log(f"draft.train: resuming from step {trainer.step} ({trainer.elapsed_s / 60:.1f} min done) "
                    f"of checkpoint {trainer.checkpoint_path}")
@@ -172,6 +172,10 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     with output.progress() as bar:
         result = trainer.run(bar, on_step=lambda step: _log_history(trainer, step))
     features.close()
+    if result.stopped_by == "budget" and spec.steps is not None:
+        output.warn(f"draft.train: max_minutes ({spec.max_minutes:g}) ran out at step {result.steps} of {spec.steps}, so this "
+                    f"head is not the seeded {spec.steps}-step one; raise draft.train.max_minutes and rerun to finish "
+                    f"(training resumes from the checkpoint)")
     output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
                        f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
     return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size)

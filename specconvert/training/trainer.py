@@ -17,14 +17,14 @@ Two Model Optimizer details are handled here:
   exported head computes in TensorRT-LLM exactly what it was trained to compute.
 
 Checkpoints (head, optimizer, schedule, elapsed time, best head) are written every
-``checkpoint_every`` steps; a rerun with the same data and settings resumes from the
+``checkpoint_every`` steps as safetensors plus JSON (``checkpoint.py``: nothing from a
+cache is ever unpickled); a rerun with the same data and settings resumes from the
 last one, and the budget counts the time of every run together.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -230,13 +230,16 @@ class Trainer:
         self.resumed_from = 0
 
     def lr_factor(self) -> float:
-        """Linear warm-up, then cosine decay to 10 %, over whichever ends first: the steps or the budget.
+        """Linear warm-up, then cosine decay to 10 %.
 
-        With a budget the schedule follows elapsed time, so a run cut by ``max_minutes``
-        still ends at the low learning rate instead of in the middle of the decay.
+        With ``steps`` the schedule follows the step count alone and ``max_minutes`` is only
+        a safety cap: the same seed and steps give the same head on a quiet laptop and a
+        loaded CI runner. Without ``steps`` (``epochs`` with a budget) it follows whichever
+        ends first, the steps or the budget, so a run cut by ``max_minutes`` still ends at
+        the low learning rate instead of in the middle of the decay.
         """
         progress = self.step / self.total_steps
-        if self.budget_s:
+        if self.budget_s and self.spec.steps is None:
             progress = max(progress, self.elapsed_s / self.budget_s)
         progress = min(1.0, progress)
         if progress < 0.05:
@@ -308,42 +311,64 @@ class Trainer:
     def _save(self, complete: bool = False) -> None:
         if not self.world.main:
             return
-        torch = require("torch")
+        from . import checkpoint
+
         state = {
             "fingerprint": self.fingerprint,
             "step": self.step,
             "elapsed_s": self.elapsed_s,
-            "head": {k: v.detach().cpu().clone() for k, v in self.model.eagle_module.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
             "history": self.history,
-            "best": self.best,
+            "best_score": self.best["score"],
+            "best_step": self.best["step"],
             "complete": complete,
         }
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        checkpoint.save(self.checkpoint_path, state, self.model.eagle_module.state_dict(), self.best["state"],
+                        self.optimizer.state_dict())
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        """Resume from the checkpoint when it belongs to this run (same data and settings)."""
+        """Resume from the checkpoint when it belongs to this run (same data and settings).
+
+        Nothing in the cache is ever unpickled (module doc of ``checkpoint``): a checkpoint
+        that is not ours, or is cut, is reported and training starts over.
+        """
+        from . import checkpoint
+
+        legacy = self.checkpoint_path.with_suffix(".pt")
+        if legacy != self.checkpoint_path and legacy.is_file():
+            output.log(f"draft.train: ignoring {legacy} (an older pickle checkpoint format, never loaded: pickles can "
+                       f"run code); it can be deleted")
         if not self.checkpoint_path.is_file():
             return None
-        torch = require("torch")
         try:
-            state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # a checkpoint cut by a crash: start over, say so
-            output.warn(f"draft.train: checkpoint {self.checkpoint_path} is unreadable ({type(exc).__name__}); starting over")
+            if checkpoint.read_state(self.checkpoint_path).get("fingerprint") != self.fingerprint:
+                return None
+            state, head, best, optim = checkpoint.load(self.checkpoint_path)
+            self._check_shapes(head, "head")
+            if best is not None:
+                self._check_shapes(best, "best head")
+            step, elapsed = int(state["step"]), float(state["elapsed_s"])
+            history, best_score, best_step = list(state["history"]), float(state["best_score"]), int(state["best_step"])
+            if len(optim["param_groups"]) != len(self.optimizer.param_groups):
+                raise checkpoint.UnreadableCheckpoint("optimizer has other parameter groups")
+        except (checkpoint.UnreadableCheckpoint, KeyError, TypeError, ValueError) as exc:
+            output.warn(f"draft.train: checkpoint {self.checkpoint_path} is unreadable ({exc}); starting over")
             return None
-        if state.get("fingerprint") != self.fingerprint:
-            return None
-        self.model.eagle_module.load_state_dict(state["head"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        self.elapsed_s = float(state["elapsed_s"])
-        self.history = list(state["history"])
-        self.best = state["best"]
+        self.model.eagle_module.load_state_dict(head)
+        self.optimizer.load_state_dict(optim)
+        self.step, self.elapsed_s, self.history = step, elapsed, history
+        self.best = {"score": best_score, "step": best_step, "state": best}
         self.resumed_from = self.step
         return state
+
+    def _check_shapes(self, tensors: dict[str, Any], what: str) -> None:
+        from .checkpoint import UnreadableCheckpoint
+
+        own = self.model.eagle_module.state_dict()
+        if set(tensors) != set(own):
+            raise UnreadableCheckpoint(f"{what} tensors differ from this head's")
+        for name, value in tensors.items():
+            if tuple(value.shape) != tuple(own[name].shape) or value.dtype != own[name].dtype:
+                raise UnreadableCheckpoint(f"{what} tensor {name} has another shape or dtype")
 
     # ------------------------------------------------------------------ evaluation
 

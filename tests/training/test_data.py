@@ -65,6 +65,27 @@ def test_synthesis_is_deterministic_and_resumes_from_its_cache(tiny, tmp_path):
     assert sorted(r["i"] for r in rows) == list(range(7))
 
 
+@pytest.mark.parametrize("cut", [
+    pytest.param(lambda line: line[:7], id="half-a-line"),
+    pytest.param(lambda line: line, id="whole-line-without-newline"),
+    pytest.param(lambda line: "{not json", id="garbage"),
+])
+def test_a_cut_synthesis_cache_heals_on_the_next_run(tiny, tmp_path, cut):
+    """Lines appended after a cut line were never read again: every run redid the same prompts."""
+    prompts = _prompts()
+    first, _ = synthesize(tiny, prompts, 12, 3, [255], 0, tmp_path / "a.jsonl")
+    lines = (tmp_path / "a.jsonl").read_text().splitlines()
+    cache = tmp_path / "c.jsonl"
+    cache.write_text("\n".join(lines[:4]) + "\n" + cut(lines[4]))
+    resumed, cached = synthesize(tiny, prompts, 12, 3, [255], 0, cache)
+    assert cached == 4 and resumed == first
+    # every line is complete JSON now, so the next run takes everything from the cache
+    assert all(json.loads(x) for x in cache.read_text().splitlines()) and cache.read_text().endswith("\n")
+    again, cached = synthesize(tiny, prompts, 12, 3, [255], 0, cache)
+    assert cached == 7 and again == first
+    assert len(cache.read_text().splitlines()) == 7
+
+
 def test_synthesis_stops_at_a_stop_token(tiny, tmp_path):
     prompts = _prompts()
     free, _ = synthesize(tiny, prompts, 12, 4, [255], 0, tmp_path / "free.jsonl")

@@ -50,7 +50,7 @@ def _trainer(setup, tmp_path, **spec):
     arch = EagleArch.for_target(target.config, 128, 1)
     model = build_train_model(target, arch, AUX, vocab.used, spec.ttt_steps, torch.float32, torch.device("cpu"), spec.seed)
     features = FeatureExtractor(target, AUX)
-    return Trainer(spec, model, features, train, held, torch.device("cpu"), torch.float32, tmp_path / "ckpt.pt", "fp")
+    return Trainer(spec, model, features, train, held, torch.device("cpu"), torch.float32, tmp_path / "ckpt.safetensors", "fp")
 
 
 def test_training_lowers_the_loss_and_raises_heldout_accuracy(setup, tmp_path):
@@ -107,5 +107,71 @@ def test_the_budget_stops_cleanly_and_keeps_a_usable_head(setup, tmp_path):
     assert result.stopped_by == "budget"
     assert 0 < result.steps < 100000
     assert result.history[-1]["step"] == result.steps
-    assert (tmp_path / "ckpt.pt").is_file()
+    assert (tmp_path / "ckpt.safetensors").is_file()
     assert "fc.weight" in result.tensors and "d2t" in result.tensors
+
+
+class _Planted:
+    """A pickle that runs a command when unpickled: what a poisoned CI cache could hold."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+@pytest.mark.parametrize("planted", ["ckpt.safetensors", "ckpt.pt"], ids=["at-the-checkpoint-path", "at-the-legacy-pt-path"])
+def test_a_planted_pickle_in_the_cache_never_runs(setup, tmp_path, planted, capsys):
+    import torch
+
+    marker = tmp_path / "pwned"
+    torch.save({"fingerprint": "fp", "step": _Planted(marker)}, tmp_path / planted)
+    trainer = _trainer(setup, tmp_path, steps=5)
+    assert trainer.load_checkpoint() is None and trainer.step == 0
+    assert not marker.exists()
+    err = capsys.readouterr().err
+    assert ("unreadable" in err) if planted.endswith(".safetensors") else ("ignoring" in err and "never loaded" in err)
+    trainer.run(_Bar())  # and training still works, writing a safe checkpoint over the planted one
+    assert not marker.exists()
+    assert (tmp_path / "ckpt.safetensors").read_bytes()[8:9] == b"{"  # a safetensors JSON header, not a pickle
+
+
+def test_a_checkpoint_holds_tensors_and_json_only(setup, tmp_path):
+    from safetensors import safe_open
+
+    _trainer(setup, tmp_path, steps=5).run(_Bar())
+    with safe_open(str(tmp_path / "ckpt.safetensors"), framework="pt") as fh:
+        names = set(fh.keys())
+        meta = fh.metadata()
+    assert any(n.startswith("head.") for n in names) and any(n.startswith("best.") for n in names)
+    assert any(n.startswith("optimizer.") and n.endswith(".exp_avg") for n in names)
+    import json
+
+    state = json.loads(meta["state"])
+    assert state["step"] == 5 and state["complete"] is True and state["optimizer"]["param_groups"][0]["values"]["betas"] == [0.9, 0.95]
+
+
+def test_the_same_seed_and_steps_give_the_same_head(setup, tmp_path):
+    import torch
+
+    a = _trainer(setup, tmp_path / "a", steps=8, seed=3).run(_Bar())
+    b = _trainer(setup, tmp_path / "b", steps=8, seed=3).run(_Bar())
+    assert a.tensors.keys() == b.tensors.keys()
+    for name in a.tensors:
+        assert torch.equal(a.tensors[name], b.tensors[name]), name
+
+
+def test_with_a_step_budget_the_schedule_ignores_the_clock(setup, tmp_path):
+    """max_minutes is a safety cap only: a slow machine must not decay the learning rate sooner."""
+    trainer = _trainer(setup, tmp_path, steps=100, max_minutes=1)
+    trainer.step = 30
+    trainer.elapsed_s = 0.0
+    quiet = trainer.lr_factor()
+    trainer.elapsed_s = 55.0  # the same step reached late on a loaded machine
+    assert trainer.lr_factor() == quiet
+    by_epochs = _trainer(setup, tmp_path / "e", steps=None, epochs=100, max_minutes=1)
+    by_epochs.step, by_epochs.elapsed_s = 30, 55.0
+    assert by_epochs.lr_factor() < quiet  # without steps the budget still shapes the decay
