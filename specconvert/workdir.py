@@ -267,6 +267,9 @@ def _acquire(path: Path) -> int:
     return fd
 
 
+TERMINATED = threading.Event()  # set once a SIGTERM unwound a stage
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Within the block SIGTERM raises KeyboardInterrupt, so staging cleanup runs as for Ctrl-C."""
@@ -275,6 +278,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum, frame):
+        TERMINATED.set()  # for the CLI's one-line message: Typer swallows the exception
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, handler)

@@ -115,9 +115,12 @@ def main(argv: list[str] | None = None) -> None:
         with _CtrlC() as ctrl_c:
             # Without standalone mode, click returns a command's typer.Exit code instead of raising it.
             code = app(args=argv, prog_name="specconvert", standalone_mode=False)
-        if code == 130 and ctrl_c.seen:
-            print(INTERRUPTED, file=sys.stderr)
-            sys.exit(130)
+        if code == 130:
+            from ..workdir import TERMINATED
+
+            if ctrl_c.seen or TERMINATED.is_set():
+                print(INTERRUPTED if ctrl_c.seen else INTERRUPTED.replace("(Ctrl-C)", "(SIGTERM)"), file=sys.stderr)
+                sys.exit(130)
     except SpecConvertError as exc:
         if debug:
             traceback.print_exc()
