@@ -157,9 +157,18 @@ def completion_logprobs(entries: Sequence[Any], offsets: Sequence[int], token_te
     return {
         "tokens": [token_text(e.token_id) for e in entries],
         "token_logprobs": [_finite(e.logprob) for e in entries],
-        "top_logprobs": [{token_text(t): _finite(lp) for t, lp in e.top} for e in entries],
+        "top_logprobs": [_first_per_text(e.top, token_text) for e in entries],
         "text_offset": list(offsets),
     }
+
+
+def _first_per_text(top: Sequence[tuple[int, float]], token_text: Callable[[int], str]) -> dict[str, float]:
+    # The legacy shape keys by text: two ids with one text (partial UTF-8 bytes all read "\ufffd") keep
+    # the more likely one, so the top entry is never overwritten by a less likely namesake.
+    out: dict[str, float] = {}
+    for token_id, logprob in top:
+        out.setdefault(token_text(token_id), _finite(logprob))
+    return out
 
 
 def chat_logprobs(entries: Sequence[Any], token_text: Callable[[int], str]) -> dict:
