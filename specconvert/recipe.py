@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from .errors import InputError
 
@@ -307,6 +307,13 @@ class RuntimeSpec(_Strict):
     )
     host: str = Field("127.0.0.1", description="Address the generated serve scripts bind to (override with HOST=...).")
     port: int = Field(8000, ge=1, le=65535, description="Default port of the generated serve scripts (override with PORT=...).")
+    threads: Union[Literal["auto"], Annotated[StrictInt, Field(ge=1)]] = Field(
+        "auto",
+        description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
+        "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
+        "use (affinity mask capped by the cgroup CPU quota), with inter-op threads at 1. On a shared, loaded CPU "
+        "machine set 1: torch's default (one per core) ran the speculative path ~20x slower there.",
+    )
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
