@@ -311,8 +311,9 @@ class RuntimeSpec(_Strict):
         "auto",
         description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
         "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
-        "use (affinity mask capped by the cgroup CPU quota), with inter-op threads at 1. On a shared, loaded CPU "
-        "machine set 1: torch's default (one per core) ran the speculative path ~20x slower there.",
+        "use (affinity mask capped by the cgroup CPU quota) times the share of the host its 1-minute load average "
+        "leaves idle, at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
+        "2-core machine.",
     )
 
     @field_validator("trtllm_version", mode="before")

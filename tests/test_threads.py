@@ -58,13 +58,28 @@ def test_available_cpus(affinity, quota, expected):
     ("auto", {"OMP_NUM_THREADS": "1"}, 1), ("auto", {"OMP_NUM_THREADS": "x"}, 3), ("auto", {"OMP_NUM_THREADS": "0"}, 3),
 ], ids=["auto", "unset", "int", "int-beats-env", "env-beats-auto", "bad-env-ignored", "zero-env-ignored"])
 def test_resolve(setting, env, expected):
-    assert threads.resolve(setting, affinity=8, quota=3.0, env=env) == expected
+    assert threads.resolve(setting, affinity=8, quota=3.0, env=env, load=(None, None)) == expected
+
+
+@pytest.mark.parametrize("cpus,load,host,expected", [
+    (2, 0.1, 2, 2), (2, 0.6, 2, 1), (2, 6.0, 2, 1), (2, 9.6, 2, 1), (8, 2.0, 8, 6), (2, 30.0, 64, 1),
+    (2, 8.0, 64, 2), (4, None, None, 4), (4, 0.0, 0, 4),
+], ids=["idle-2", "half-a-core-busy", "loaded-2-core (measured)", "overloaded", "quarter-busy-8", "busy-host-container",
+        "quiet-host-container", "no-loadavg", "no-host-count"])
+def test_unloaded_cpus(cpus, load, host, expected):
+    assert threads.unloaded_cpus(cpus, load, host) == expected
+
+
+def test_auto_counts_the_load():
+    assert threads.resolve("auto", affinity=2, quota=None, detect_quota=False, env={}, load=(6.0, 2)) == 1
+    assert threads.resolve("auto", affinity=2, quota=None, detect_quota=False, env={}, load=(0.1, 2)) == 2
+    assert threads.resolve(2, affinity=2, quota=None, detect_quota=False, env={}, load=(6.0, 2)) == 2
 
 
 @pytest.mark.parametrize("bad", [0, -1, "two", True, 1.5])
 def test_resolve_refuses(bad):
     with pytest.raises(ValueError, match="auto"):
-        threads.resolve(bad, affinity=2, quota=None, detect_quota=False, env={})
+        threads.resolve(bad, affinity=2, quota=None, detect_quota=False, env={}, load=(None, None))
 
 
 @pytest.mark.parametrize("text,expected", [(None, None), ("auto", "auto"), (" AUTO ", "auto"), ("1", 1), ("12", 12)])
