@@ -36,8 +36,8 @@ from pydantic import ValidationError
 
 from ..errors import InputError
 from .engine import Delta, EngineRequest, ReferenceEngine
-from .openai_api import (ChatRequest, CompletionRequest, _Request, chat_logprobs, check_request, completion_logprobs,
-                         error, error_body)
+from .openai_api import (BaseRequest, ChatRequest, CompletionRequest, chat_logprobs, check_request,
+                         completion_logprobs, error, error_body)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a 128k-token id list is ~1 MB of JSON; anything far larger is abuse
@@ -83,7 +83,7 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
         log.exception("unexpected error serving %s", request.url.path)
         return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
-    def pick_speculative(body: _Request) -> bool | str:
+    def pick_speculative(body: BaseRequest) -> bool | str:
         """True/False, or an error message for an unknown model."""
         names = (engine.model_name, engine.baseline_name)
         if body.model not in (None, "", *names):
@@ -93,7 +93,7 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
             speculative = speculative and body.speculative
         return speculative
 
-    def to_engine(body: _Request, prompt_ids: list[int], speculative: bool) -> EngineRequest:
+    def to_engine(body: BaseRequest, prompt_ids: list[int], speculative: bool) -> EngineRequest:
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
         if context is not None and len(prompt_ids) + max_tokens > context:
             # vLLM's wording, with the numbers, so a client's retry logic recognises it.
@@ -104,7 +104,7 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
         return EngineRequest(prompt_ids, max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop,
                              speculative, body.ignore_eos, body.top_logprobs_wanted())
 
-    async def parse(request: Request, model: type[_Request]) -> _Request | JSONResponse:
+    async def parse(request: Request, model: type[BaseRequest]) -> BaseRequest | JSONResponse:
         try:
             raw = json.loads(await _read_body(request, max_body_bytes))
         except _BodyTooLarge:
@@ -151,7 +151,7 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
         return JSONResponse({"backend": "reference", "model": engine.model_name, "baseline_model": engine.baseline_name,
                              "queued": engine.queued, "max_model_len": context, **engine.description})
 
-    async def run(request: Request, body: _Request, prompt_ids: list[int], speculative: bool, chat: bool,
+    async def run(request: Request, body: BaseRequest, prompt_ids: list[int], speculative: bool, chat: bool,
                   echo_text: str = ""):
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())

@@ -4,7 +4,9 @@ The decoder holds one KV cache and serves one request at a time, so every reques
 runs on a single worker thread (requests queue in arrival order); an asyncio lock
 keeps their order FIFO. The event loop never blocks on the model: the worker
 pushes each decoder ``Step`` into an asyncio queue. Detokenisation and ``stop``
-strings are handled on the loop side, which asks the worker to stop early.
+strings are handled on the loop side, which asks the worker to stop early; a stop
+string ends the tokens at the one that completes it, also inside a verify step, so
+the speculative model counts what the baseline counts.
 
 Metrics follow TensorRT-LLM's ``/perf_metrics`` shape (per finished request:
 ``request_id`` and ``perf_metrics`` with ``first_iter``, ``last_iter``,

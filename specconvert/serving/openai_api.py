@@ -53,7 +53,7 @@ def error_body(status: int, message: str, kind: str = "invalid_request_error", p
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-class _Request(BaseModel):
+class BaseRequest(BaseModel):
     # OpenAI clients send fields we do not act on (user, metadata, ...): accept them; refused ones are in _REFUSED.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -83,7 +83,7 @@ class _Request(BaseModel):
         return None
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(BaseRequest):
     prompt: Union[StrictStr, list[StrictInt], list[StrictStr]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -119,7 +119,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatRequest(_Request):
+class ChatRequest(BaseRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -128,7 +128,7 @@ class ChatRequest(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-def check_request(body: _Request) -> JSONResponse | None:
+def check_request(body: BaseRequest) -> JSONResponse | None:
     """The 400 for a request that is well-formed but asks for something the server does not do."""
     if body.n != 1:
         return error(400, "n: only n = 1 is supported by the reference server", param="n")
