@@ -18,6 +18,7 @@ import pytest
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 USER = [{"role": "user", "content": "x"}]
+FAILS = {"temperature": 0, "ignore_eos": True}  # always reaches the failing second step (a sampled EOS would not)
 
 
 @dataclass
@@ -99,11 +100,11 @@ CASES = [
     Case("queue-full", COMP, {"prompt": "x"}, 429, "already waiting", app={"max_queued": 0}),
     Case("shutting-down", CHAT, {"messages": USER}, 503, "shutting down", app={"engine": "closed"}),
     # failures after the stream's headers: an SSE error event, then [DONE]
-    Case("decoder-fails-streamed", COMP, {"prompt": "x", "max_tokens": 9, "stream": True}, 200,
+    Case("decoder-fails-streamed", COMP, {"prompt": "x", "max_tokens": 9, "stream": True, **FAILS}, 200,
          "internal error: RuntimeError: injected", app={"engine": "failing"}, sse_error=True),
-    Case("decoder-fails-chat-streamed", CHAT, {"messages": USER, "max_tokens": 9, "stream": True}, 200,
+    Case("decoder-fails-chat-streamed", CHAT, {"messages": USER, "max_tokens": 9, "stream": True, **FAILS}, 200,
          "internal error: RuntimeError: injected", app={"engine": "failing"}, sse_error=True),
-    Case("decoder-fails", COMP, {"prompt": "x", "max_tokens": 9}, 500, "internal error: RuntimeError: injected",
+    Case("decoder-fails", COMP, {"prompt": "x", "max_tokens": 9, **FAILS}, 500, "internal error: RuntimeError: injected",
          app={"engine": "failing"}),
 ]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 
 import pytest
 
@@ -211,9 +210,7 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_frees_the_decoder():
             with pytest.raises(httpx.ReadTimeout):
                 impatient.post("/v1/completions", json={"prompt": "x", "max_tokens": 64})
         with httpx.Client(base_url=url, timeout=30, trust_env=False) as http:
-            t0 = time.monotonic()
             full = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 64}).json()
-            waited = time.monotonic() - t0
             metrics = http.get("/perf_metrics").json()
     finally:
         server.should_exit = True
@@ -222,4 +219,3 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_frees_the_decoder():
     aborted, served = metrics[0]["specconvert"], metrics[1]["specconvert"]
     assert aborted["finish_reason"] == "abort" and aborted["completion_tokens"] < 24
     assert decoder.steps < 16  # the abandoned request stopped early instead of running its 8 steps
-    assert waited < 1.5
