@@ -4,11 +4,18 @@
     python benchmarks/bench_decode.py --target DIR          # any HF causal-LM folder
     python benchmarks/bench_decode.py --workdir runs/NAME   # convert's target + its trained head
     python benchmarks/bench_decode.py --workdir runs/NAME --prompt-set builtin:chat-eval --prompts 12
+    python benchmarks/bench_decode.py --compare-threads auto,1,2,default --configs ref-baseline,eagle-chain3
 
 Same prompts, same dtype, greedy, one run per configuration, each configuration in its
 own subprocess so that its peak RSS is its own. Prints tokens/s, tau, per-position
 acceptance, speedup over generate and over the reference baseline, peak RSS, and
 where a speculative step spends its time. Not a test: numbers depend on the machine.
+
+``--compare-threads`` runs each configuration once per thread setting (`auto` = what
+runtime.threads: auto picks, `default` = torch's own choice, or an integer; inter-op threads
+1 except for `default`), with OMP_NUM_THREADS removed from the workers' environment, and
+prints the 1-minute load average before and after each run: under CPU contention the
+best setting differs from an idle machine's.
 """
 
 from __future__ import annotations
@@ -149,8 +156,11 @@ def worker(args) -> dict:
     from specconvert.reference import DecodeSettings, ReferenceDecoder
     from specconvert.reference.decoder import _eos_ids
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads_used = {"setting": "default", "intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+    if args.threads not in ("0", "default"):
+        from specconvert.threads import apply
+
+        threads_used = apply("auto" if args.threads == "auto" else int(args.threads))
     torch.manual_seed(0)
     cfg = CONFIGS[args.worker]
     target_dir = Path(args.target_dir)
@@ -221,7 +231,7 @@ def worker(args) -> dict:
             if line.startswith("VmHWM:"):
                 decode_peak = round(int(line.split()[1]) / 1024, 1)
     return {
-        "decode_peak_rss_mb": decode_peak,
+        "decode_peak_rss_mb": decode_peak, "threads": threads_used,
         "config": args.worker, "dtype": args.dtype, "tokens": total_tokens, "seconds": round(total_time, 3),
         "tokens_per_second": round(total_tokens / total_time, 2),
         "tau": round(sum(a + 1 for a in accepted) / len(accepted), 3) if accepted else 1.0,
@@ -246,7 +256,9 @@ def main() -> None:
     ap.add_argument("--prompt-set", help="builtin:NAME or a JSONL file (e.g. builtin:chat-eval, held out from training) "
                     "instead of the six prompts built in here")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
+    ap.add_argument("--threads", default="default", help="torch threads per worker: default (torch's choice), auto "
+                    "(runtime.threads: auto) or an integer")
+    ap.add_argument("--compare-threads", help="comma list of thread settings to compare (e.g. auto,1,2,default)")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--target-dir", help=argparse.SUPPRESS)
@@ -270,24 +282,54 @@ def main() -> None:
     print(f"target {target_dir}\nhead   {draft_dir} ({head_kind}), aux layers {aux}\n"
           f"{args.prompts} prompts x {args.max_tokens} new tokens, greedy\n", file=sys.stderr)
     results = []
+    settings = args.compare_threads.split(",") if args.compare_threads else [args.threads]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if args.compare_threads:
+        env.pop("OMP_NUM_THREADS", None)  # else torch's default and `auto` would both just read it
     for dtype in args.dtypes.split(","):
         for name in args.configs.split(","):
-            cmd = [sys.executable, __file__, "--worker", name, "--target-dir", str(target_dir), "--draft-dir",
-                   str(draft_dir), "--aux", json.dumps(aux), "--dtype", dtype, "--prompts", str(args.prompts),
-                   "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
-            if args.prompt_set:
-                cmd += ["--prompt-set", args.prompt_set]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-            if proc.returncode != 0:
-                print(f"{dtype} {name}: FAILED\n{proc.stderr[-2000:]}", file=sys.stderr)
-                continue
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            results.append(res)
-            print(f"  {dtype:9s} {name:14s} {res['tokens_per_second']:7.2f} tok/s  tau {res['tau']:.2f}  "
-                  f"rss {res['peak_rss_mb']:.0f} MB", file=sys.stderr)
-    report(results)
+            for setting in settings:
+                cmd = [sys.executable, __file__, "--worker", name, "--target-dir", str(target_dir), "--draft-dir",
+                       str(draft_dir), "--aux", json.dumps(aux), "--dtype", dtype, "--prompts", str(args.prompts),
+                       "--max-tokens", str(args.max_tokens), "--threads", setting]
+                if args.prompt_set:
+                    cmd += ["--prompt-set", args.prompt_set]
+                load_before = os.getloadavg()[0]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    print(f"{dtype} {name}: FAILED\n{proc.stderr[-2000:]}", file=sys.stderr)
+                    continue
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                res["threads_setting"] = setting
+                res["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+                results.append(res)
+                print(f"  {dtype:9s} {name:14s} threads {setting:7s} {res['tokens_per_second']:7.2f} tok/s  "
+                      f"tau {res['tau']:.2f}  rss {res['peak_rss_mb']:.0f} MB  load {res['load_1min']}", file=sys.stderr)
+    if args.compare_threads:
+        report_threads(results, os.cpu_count())
+    else:
+        report(results)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
+
+
+def report_threads(results: list[dict], cpus: int | None) -> None:
+    """One row per (dtype, config, thread setting): tok/s, its ratio to the best setting, the load it ran under."""
+    best: dict[tuple[str, str], float] = {}
+    for r in results:
+        key = (r["dtype"], r["config"])
+        best[key] = max(best.get(key, 0.0), r["tokens_per_second"])
+    print(f"| dtype | config | threads | intra-op / inter-op | tok/s | vs best | load avg 1 min (before, after; {cpus} CPUs) "
+          "| same tokens as the first setting |")
+    print("|---|---|---|---|---|---|---|---|")
+    first: dict[tuple[str, str], list] = {}
+    for r in results:
+        key = (r["dtype"], r["config"])
+        first.setdefault(key, r["outputs"])
+        t = r["threads"]
+        print(f"| {r['dtype']} | {r['config']} | {r['threads_setting']} | {t['intra_op']} / {t['inter_op']} | "
+              f"{r['tokens_per_second']:.2f} | {r['tokens_per_second'] / best[key]:.2f} | "
+              f"{r['load_1min'][0]}, {r['load_1min'][1]} | {'yes' if r['outputs'] == first[key] else 'no'} |")
 
 
 def report(results: list[dict]) -> None:

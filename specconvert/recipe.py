@@ -12,10 +12,10 @@ import difflib
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from .errors import InputError
 from .yaml_strict import DuplicateKey, parse_yaml
@@ -365,6 +365,14 @@ class RuntimeSpec(_Strict):
         "(`127.0.0.1`, `0.0.0.0`, `::1`) or a hostname (letters, digits, `-` and `.`).",
     )
     port: int = Field(8000, ge=1, le=65535, description="Default port of the generated serve scripts (override with PORT=...).")
+    threads: Union[Literal["auto"], Annotated[StrictInt, Field(ge=1)]] = Field(
+        "auto",
+        description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
+        "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
+        "use (affinity mask capped by the cgroup CPU quota) times the share of the host its 1-minute load average "
+        "leaves idle, at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
+        "2-core machine.",
+    )
 
     @field_validator("trtllm_version", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ import typer
 from typing_extensions import Annotated
 
 from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from .serve_cmd import ThreadsOpt, apply_threads, threads_setting
 
 PromptOpt = Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)]
 
@@ -29,6 +30,7 @@ def generate(
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling.", show_default=False)] = None,
     baseline: Annotated[bool, typer.Option("--baseline", help="Plain decoding without speculation (same target wrapper).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the tokenizer's chat template.")] = False,
+    threads: ThreadsOpt = None,
     set_: SetOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -39,7 +41,9 @@ def generate(
     from ..manifest import require_manifest
 
     loaded = start(recipe, set_, json_out, quiet)
+    setting = threads_setting(threads, loaded)
     manifest = require_manifest(loaded.workdir_path / "convert", "convert", "convert")
+    chosen = apply_threads(setting)
 
     from ..reference import DecodeSettings, ReferenceDecoder, summarise
 
@@ -105,6 +109,7 @@ def generate(
                 "settings": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
                              "max_tokens": max_tokens, "max_draft_len": settings.max_draft_len, "tree": settings.tree},
                 "device": str(dec.target.device),
+                "threads": chosen,
                 "dtype": str(dec.target.dtype).replace("torch.", ""),
                 **res.summary(),
             },

@@ -13,6 +13,10 @@ from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless you mean to expose it).")]
 PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port (serve: default runtime.port; serve-test: a free one).",
                                                  show_default=False)]
+ThreadsOpt = Annotated[Optional[str], typer.Option(
+    "--threads", help="CPU threads for torch: `auto` (the CPUs this process may use: affinity and cgroup quota) or "
+    "an integer; inter-op threads 1. Default: runtime.threads. Use 1 on a shared, loaded machine.",
+    show_default=False)]
 DrafterOpt = Annotated[str, typer.Option(
     "--drafter", help="`eagle`: the bundle's head. `oracle`: the target's own greedy continuation as the draft "
     "(a plumbing check: maximum acceptance). Reference server only.")]
@@ -27,8 +31,7 @@ def serve(
                                                       "`<id>-baseline` serves the target without speculation.",
                                                       show_default=False)] = None,
     drafter: DrafterOpt = "eagle",
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's "
-                                                   "choice; 1-2 on a shared CPU machine).", show_default=False)] = None,
+    threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve the bundle's reference EAGLE-3 decoder over an OpenAI-compatible HTTP API (reads <workdir>/engine/)."""
@@ -39,6 +42,7 @@ def serve(
     from ..serving.process import port_in_use
 
     loaded = start(recipe, set_, quiet=quiet)
+    setting = threads_setting(threads, loaded)
     if drafter not in ("eagle", "oracle"):
         raise InputError(f"--drafter {drafter}: unknown", fix="use eagle or oracle")
     engine_dir = loaded.workdir_path / "engine"
@@ -53,10 +57,9 @@ def serve(
 
     name = model_name or loaded.name
     output.log(f"serve: loading the reference decoder from {engine_dir}")
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+    chosen = apply_threads(setting)
+    output.log(f"serve: torch threads {chosen['intra_op']} intra-op, {chosen['inter_op']} inter-op "
+               f"(threads: {chosen['setting']})")
     with output.libraries_to_stderr():
         engine = load_engine(engine_dir, name, device=loaded.runtime.device, drafter=drafter)
     output.log(f"serve: http://{host}:{port}  models: {engine.model_name} (speculative, {drafter}), "
@@ -65,6 +68,25 @@ def serve(
         run_server(create_app(engine, max_model_len=loaded.build.max_seq_len), host, port)
     finally:
         engine.close()
+
+
+def threads_setting(option: str | None, loaded) -> int | str:
+    """``--threads`` if given, else the recipe's ``runtime.threads`` (checked before anything loads)."""
+    from ..errors import InputError
+    from ..threads import parse_option
+
+    try:
+        setting = parse_option(option)
+    except ValueError as exc:
+        raise InputError(str(exc), fix="pass --threads auto or --threads N with N >= 1") from None
+    return loaded.runtime.threads if setting is None else setting
+
+
+def apply_threads(setting: int | str) -> dict:
+    """Set torch's threads (imports torch: call where the command is about to load a model)."""
+    from ..threads import apply
+
+    return apply(setting)
 
 
 def serve_test(

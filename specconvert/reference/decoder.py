@@ -37,6 +37,10 @@ class DecodeSettings:
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
     speculative: bool = True
+    # None: no log-probs. N >= 0: each Step carries, per emitted token, the target's log-softmax of that
+    # token and of its N most likely alternatives (raw logits: before temperature/top-k/top-p, as
+    # OpenAI and vLLM report them). On the speculative path they come from the verify forward's rows.
+    logprobs: int | None = None
 
     def shape(self) -> TreeShape:
         if self.tree:
@@ -65,6 +69,30 @@ class Step:
     verify_time_s: float
     finished: str | None = None  # "stop" | "length" when this step ends the request
     phases: dict[str, float] | None = None  # spec steps: draft, target_forward, accept, cache_update, commit (s)
+    logprobs: list["TokenLogprob"] | None = None  # one per token_ids entry when DecodeSettings.logprobs is set
+
+
+@dataclass
+class TokenLogprob:
+    """The target's log-probability of an emitted token and of its most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-prob), most likely first
+
+
+def token_logprobs(rows: torch.Tensor, tokens: Sequence[int], top_n: int | None) -> list[TokenLogprob] | None:
+    """``rows[i]`` are the target logits that predicted ``tokens[i]`` (extra rows are ignored)."""
+    if top_n is None or not tokens:
+        return None if top_n is None else []
+    logp = torch.log_softmax(rows[: len(tokens)].detach().float().cpu(), dim=-1)
+    chosen = logp.gather(1, torch.as_tensor(list(tokens), dtype=torch.long).unsqueeze(1)).squeeze(1).tolist()
+    if top_n > 0:
+        values, ids = torch.topk(logp, min(top_n, logp.shape[-1]), dim=-1)
+        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [[] for _ in tokens]
+    return [TokenLogprob(int(t), float(c), top) for t, c, top in zip(tokens, chosen, tops)]
 
 
 @dataclass
@@ -288,9 +316,10 @@ class ReferenceDecoder:
 
     def _plain(self, prompt, max_new, settings, gen, stop) -> Iterator[Step]:
         target = self.target
-        _, tok, dt = self._prefill(prompt, settings, gen, capture=False)
+        out, tok, dt = self._prefill(prompt, settings, gen, capture=False)
         toks, fin = self._finish([tok], 0, max_new, stop)
-        yield Step("prefill", toks, 0, 0, 0, 0.0, dt, fin)
+        yield Step("prefill", toks, 0, 0, 0, 0.0, dt, fin,
+                   logprobs=token_logprobs(out.logits[-1:], toks, settings.logprobs))
         emitted, pos = 1, prompt.numel()
         ids, positions = torch.empty(1, dtype=torch.long), torch.empty(1, dtype=torch.long)
         while fin is None:
@@ -302,7 +331,8 @@ class ReferenceDecoder:
             pos += 1
             toks, fin = self._finish([tok], emitted, max_new, stop)
             emitted += len(toks)
-            yield Step("plain", toks, 0, 0, 0, 0.0, time.perf_counter() - t0, fin)
+            yield Step("plain", toks, 0, 0, 0, 0.0, time.perf_counter() - t0, fin,
+                       logprobs=token_logprobs(out.logits[-1:], toks, settings.logprobs))
 
     def _speculate(self, prompt, max_new, settings, shape: TreeShape, gen, stop) -> Iterator[Step]:
         target, eagle, oracle = self.target, self._eagle, self._oracle
@@ -315,7 +345,8 @@ class ReferenceDecoder:
             eagle.commit(out.aux, torch.cat((prompt[1:], torch.tensor([tok]))))
             self._sync()
             draft_t = time.perf_counter() - t0
-        yield Step("prefill", toks, 0, 0, 0, draft_t, dt, fin)
+        yield Step("prefill", toks, 0, 0, 0, draft_t, dt, fin,
+                   logprobs=token_logprobs(out.logits[-1:], toks, settings.logprobs))
         emitted, pos, root = 1, prompt.numel(), tok
         zero = torch.zeros(1, dtype=torch.long)
         text = prompt.tolist() + [tok]  # oracle only: what has been emitted so far
@@ -356,7 +387,9 @@ class ReferenceDecoder:
             depth = int(tree.depths.max()) if tree.size else 0
             phases = {"draft": t1 - t0, "target_forward": t_fwd - t1, "accept": t_acc - t_fwd,
                       "cache_update": t2 - t_acc, "commit": t3 - t2}
-            yield Step("spec", toks, verdict.accepted, depth, tree.size, (t1 - t0) + (t3 - t2), t2 - t1, fin, phases)
+            # Row path[i] of the verify block is the target's prediction of the i-th emitted token.
+            yield Step("spec", toks, verdict.accepted, depth, tree.size, (t1 - t0) + (t3 - t2), t2 - t1, fin, phases,
+                       logprobs=token_logprobs(logits[verdict.path], toks, settings.logprobs))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, settings: DecodeSettings | None = None) -> GenerateResult:
         """Run :meth:`stream` to the end and summarise it."""

@@ -4,7 +4,9 @@ The decoder holds one KV cache and serves one request at a time, so every reques
 runs on a single worker thread (requests queue in arrival order); an asyncio lock
 keeps their order FIFO. The event loop never blocks on the model: the worker
 pushes each decoder ``Step`` into an asyncio queue. Detokenisation and ``stop``
-strings are handled on the loop side, which asks the worker to stop early.
+strings are handled on the loop side, which asks the worker to stop early; a stop
+string ends the tokens at the one that completes it, also inside a verify step, so
+the speculative model counts what the baseline counts.
 
 Metrics follow TensorRT-LLM's ``/perf_metrics`` shape (per finished request:
 ``request_id`` and ``perf_metrics`` with ``first_iter``, ``last_iter``,
@@ -45,6 +47,7 @@ class EngineRequest:
     stop: Sequence[str] = ()
     speculative: bool = True
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; N: the target's log-prob of each token and its N most likely
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[Any] | None = None  # reference.decoder.TokenLogprob per token id, when asked for
+    text_offsets: list[int] | None = None  # with logprobs: where each token's text starts in the output
 
 
 @dataclass
@@ -138,7 +143,20 @@ class ReferenceEngine:
         self._ids = itertools.count()
         self._iteration = 0  # target forwards since start (TensorRT-LLM's iteration counter)
         self._metrics: deque[dict[str, Any]] = deque(maxlen=MAX_KEPT_METRICS)
-        self.queued = 0
+        self.queued = 0  # requests waiting for the decoder (the one running is not counted)
+        self.closed = False
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids a prompt may hold are ``0 <= id < vocab_size`` (None: unknown, stand-in decoders)."""
+        return getattr(getattr(self.decoder, "target", None), "vocab_size", None)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The target's context (``max_position_embeddings``): prompt + max_tokens must fit."""
+        config = getattr(getattr(self.decoder, "target", None), "config", None)
+        value = getattr(config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
 
     # ------------------------------------------------------------------ text
 
@@ -163,6 +181,12 @@ class ReferenceEngine:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text for logprobs (special tokens kept; vLLM's ``token_id:N`` without a tokenizer)."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
     # ------------------------------------------------------------------ generation
 
     def _settings(self, request: EngineRequest):
@@ -177,6 +201,7 @@ class ReferenceEngine:
             seed=request.seed,
             stop_token_ids=() if request.ignore_eos else tuple(self.decoder.eos_token_ids),
             speculative=request.speculative,
+            logprobs=request.logprobs,
         )
 
     def _work(self, request: EngineRequest, push: Callable[[Any], None], cancel: threading.Event,
@@ -236,6 +261,7 @@ class ReferenceEngine:
     async def _deltas(self, request: EngineRequest, queue: asyncio.Queue, stats: RequestStats,
                       cancel: threading.Event) -> AsyncIterator[Delta]:
         tokens: list[int] = []
+        offsets: list[int] = []  # with logprobs: where each token's text starts
         sent_text = ""
         stops = [s for s in request.stop if s]
         hold = max((len(s) for s in stops), default=1) - 1  # keep back what could start a stop string
@@ -258,13 +284,26 @@ class ReferenceEngine:
             if stats.first_token_time is None:
                 stats.first_token_time = now
             stats.last_token_time = now
+            before = len(tokens)
             tokens.extend(step.token_ids)
             text = self.decode(tokens)
             finish = step.finished
             cut = _first_stop(text, stops)
             if cut is not None:
-                text, finish = text[:cut], "stop"
+                # A verify step emits several tokens; the baseline emits one per step and stops at the token
+                # that completes the stop string. Keep tokens only up to that one, so token_ids, usage and
+                # logprobs equal the baseline's (they over-counted the rest of the step before).
+                keep = next(k for k in range(before + 1, len(tokens) + 1)
+                            if _first_stop(self.decode(tokens[:k]), stops) is not None)
+                del tokens[keep:]
+                text = self.decode(tokens)
+                text, finish = text[: _first_stop(text, stops)], "stop"
                 cancel.set()
+            new_ids = tokens[before:]
+            logprobs = None
+            if step.logprobs is not None:
+                logprobs = list(step.logprobs[: len(new_ids)])
+                offsets.extend(len(self.decode(tokens[:k])) for k in range(before, len(tokens)))
             if finish is None:
                 # Hold back an incomplete UTF-8 character and what could be the start of a stop string.
                 visible = text.rstrip("\ufffd")
@@ -276,8 +315,8 @@ class ReferenceEngine:
             if len(visible) > len(sent_text) and visible.startswith(sent_text):
                 delta, sent_text = visible[len(sent_text):], visible
             stats.completion_tokens = len(tokens)
-            if delta or step.token_ids or finish:
-                yield Delta(delta, list(step.token_ids), finish)
+            if delta or new_ids or finish:
+                yield Delta(delta, new_ids, finish, logprobs, offsets[before:] if logprobs is not None else None)
         stats.finish_reason = finish
         stats.completion_tokens = len(tokens)
 
@@ -290,6 +329,7 @@ class ReferenceEngine:
         return items
 
     def close(self) -> None:
+        self.closed = True  # the app answers 503 from here on
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

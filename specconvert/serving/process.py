@@ -38,8 +38,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when ``host:port`` cannot be bound (another process holds it)."""
+    """True when ``host:port`` cannot be bound (another process listens on it).
+
+    SO_REUSEADDR as uvicorn (and every server) sets it: a connection of a stopped server
+    still in TIME-WAIT must not read as a taken port (it did, for ~60 s); a socket that
+    listens still refuses the bind on Linux, so a live server is still detected.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -88,3 +88,31 @@ def test_help_does_not_import_torch():
                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
     assert res.stdout.strip().splitlines()[-1] == "False", res.stderr
     assert "--prompt" in res.stdout and "--baseline" in res.stdout
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--threads", "1"], {"setting": 1, "intra_op": 1}),
+    (["--set", "runtime.threads=2"], {"setting": 2, "intra_op": 2}),
+    (["--threads", "1", "--set", "runtime.threads=2"], {"setting": 1, "intra_op": 1}),
+], ids=["option", "recipe", "option-beats-recipe"])
+def test_generate_sets_torch_threads(run_cli, recipe, args, expected):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out, err = run_cli("generate", recipe, "--prompt", "abc", "--max-tokens", "4", "--json", *args)
+        assert code == 0, err
+        used = json.loads(out)["threads"]
+        assert {k: used[k] for k in expected} == expected and torch.get_num_threads() == expected["intra_op"]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--threads", "0"], "--threads 0: use auto or an integer >= 1"),
+    (["--threads", "many"], "--threads many: use auto or an integer >= 1"),
+    (["--set", "runtime.threads=0"], "runtime.threads"),
+], ids=["zero", "word", "recipe-zero"])
+def test_generate_refuses_bad_threads(run_cli, recipe, args, message):
+    code, _, err = run_cli("generate", recipe, "--prompt", "abc", *args)
+    assert code == 2 and message in err and "Traceback" not in err

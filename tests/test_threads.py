@@ -1,0 +1,107 @@
+"""`specconvert.threads`: runtime.threads auto = affinity capped by the cgroup CPU quota (fake cgroup files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specconvert import threads
+
+
+def _tree(root: Path, files: dict[str, str], membership: str) -> tuple[Path, Path]:
+    cg = root / "cgroup"
+    for rel, text in files.items():
+        path = cg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    proc = root / "proc-self-cgroup"
+    proc.write_text(membership)
+    return cg, proc
+
+
+QUOTA_CASES = [
+    # id, cgroup files, /proc/self/cgroup, expected quota in CPUs
+    ("v2-unlimited", {"cpu.max": "max 100000\n"}, "0::/\n", None),
+    ("v2-container-root", {"cpu.max": "200000 100000\n"}, "0::/\n", 2.0),
+    ("v2-fractional", {"cpu.max": "150000 100000\n"}, "0::/\n", 1.5),
+    ("v2-own-cgroup", {"cpu.max": "max 100000", "user.slice/job/cpu.max": "100000 100000"}, "0::/user.slice/job\n", 1.0),
+    ("v2-parent-is-tighter", {"a/cpu.max": "50000 100000", "a/b/cpu.max": "400000 100000"}, "0::/a/b\n", 0.5),
+    ("v2-no-file", {}, "0::/x\n", None),
+    ("v2-garbage", {"cpu.max": "lots\n"}, "0::/\n", None),
+    ("v2-zero-period", {"cpu.max": "100000 0\n"}, "0::/\n", None),
+    ("v1-cpu-cpuacct", {"cpu,cpuacct/docker/id/cpu.cfs_quota_us": "300000", "cpu,cpuacct/docker/id/cpu.cfs_period_us": "100000"},
+     "12:memory:/docker/id\n3:cpu,cpuacct:/docker/id\n", 3.0),
+    ("v1-unlimited", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, "1:cpu:/\n", None),
+    ("v1-namespaced-root", {"cpu/cpu.cfs_quota_us": "100000", "cpu/cpu.cfs_period_us": "100000"}, "1:cpu:/\n", 1.0),
+    ("hybrid-v1-wins-when-v2-unlimited", {"cpu.max": "max 100000", "cpu/cpu.cfs_quota_us": "200000",
+                                          "cpu/cpu.cfs_period_us": "100000"}, "1:cpu:/\n0::/\n", 2.0),
+    ("no-proc-file", {}, "", None),
+]
+
+
+@pytest.mark.parametrize("files,membership,expected", [c[1:] for c in QUOTA_CASES], ids=[c[0] for c in QUOTA_CASES])
+def test_cgroup_quota(tmp_path, files, membership, expected):
+    cg, proc = _tree(tmp_path, files, membership)
+    assert threads.cgroup_cpu_quota(cg, proc) == expected
+
+
+@pytest.mark.parametrize("affinity,quota,expected", [
+    (16, None, 16), (16, 2.0, 2), (16, 1.5, 1), (16, 0.5, 1), (2, 8.0, 2), (1, None, 1), (4, 3 - 1e-12, 3),
+], ids=["no-quota", "quota-2", "fraction-rounds-down", "under-one-cpu", "affinity-tighter", "single", "float-noise"])
+def test_available_cpus(affinity, quota, expected):
+    assert threads.available_cpus(affinity, quota) == expected
+
+
+@pytest.mark.parametrize("setting,env,expected", [
+    ("auto", {}, 3), (None, {}, 3), (2, {}, 2), (7, {"OMP_NUM_THREADS": "1"}, 7),
+    ("auto", {"OMP_NUM_THREADS": "1"}, 1), ("auto", {"OMP_NUM_THREADS": "x"}, 3), ("auto", {"OMP_NUM_THREADS": "0"}, 3),
+], ids=["auto", "unset", "int", "int-beats-env", "env-beats-auto", "bad-env-ignored", "zero-env-ignored"])
+def test_resolve(setting, env, expected):
+    assert threads.resolve(setting, affinity=8, quota=3.0, env=env, load=(None, None)) == expected
+
+
+@pytest.mark.parametrize("cpus,load,host,expected", [
+    (2, 0.1, 2, 2), (2, 0.6, 2, 1), (2, 6.0, 2, 1), (2, 9.6, 2, 1), (8, 2.0, 8, 6), (2, 30.0, 64, 1),
+    (2, 8.0, 64, 2), (4, None, None, 4), (4, 0.0, 0, 4),
+], ids=["idle-2", "half-a-core-busy", "loaded-2-core (measured)", "overloaded", "quarter-busy-8", "busy-host-container",
+        "quiet-host-container", "no-loadavg", "no-host-count"])
+def test_unloaded_cpus(cpus, load, host, expected):
+    assert threads.unloaded_cpus(cpus, load, host) == expected
+
+
+def test_auto_counts_the_load():
+    assert threads.resolve("auto", affinity=2, quota=None, detect_quota=False, env={}, load=(6.0, 2)) == 1
+    assert threads.resolve("auto", affinity=2, quota=None, detect_quota=False, env={}, load=(0.1, 2)) == 2
+    assert threads.resolve(2, affinity=2, quota=None, detect_quota=False, env={}, load=(6.0, 2)) == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, "two", True, 1.5])
+def test_resolve_refuses(bad):
+    with pytest.raises(ValueError, match="auto"):
+        threads.resolve(bad, affinity=2, quota=None, detect_quota=False, env={}, load=(None, None))
+
+
+@pytest.mark.parametrize("text,expected", [(None, None), ("auto", "auto"), (" AUTO ", "auto"), ("1", 1), ("12", 12)])
+def test_parse_option(text, expected):
+    assert threads.parse_option(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", ""])
+def test_parse_option_refuses(text):
+    with pytest.raises(ValueError, match="use auto or an integer >= 1"):
+        threads.parse_option(text)
+
+
+def test_this_machine_auto_is_within_affinity():
+    n = threads.resolve("auto", env={})
+    assert 1 <= n <= threads.affinity_cpus()
+
+
+def test_recipe_threads_field():
+    from specconvert.recipe import RuntimeSpec
+
+    assert RuntimeSpec().threads == "auto" and RuntimeSpec(threads=2).threads == 2
+    for bad in (0, True, "two", 1.5):
+        with pytest.raises(Exception):
+            RuntimeSpec(threads=bad)
