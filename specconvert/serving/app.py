@@ -88,7 +88,7 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
         names = (engine.model_name, engine.baseline_name)
         if body.model not in (None, "", *names):
             return f"model '{body.model}' is not served here; use one of: {', '.join(names)}"
-        speculative = body.model != engine.baseline_name
+        speculative = getattr(engine, "speculate", True) and body.model != engine.baseline_name
         if body.speculative is not None:
             speculative = speculative and body.speculative
         return speculative

@@ -130,8 +130,11 @@ class ReferenceEngine:
     """Serve a :class:`~specconvert.reference.ReferenceDecoder` to concurrent async callers."""
 
     def __init__(self, decoder: Any, model_name: str, max_draft_len: int = 3, tree: dict[str, int] | None = None,
-                 description: dict[str, Any] | None = None):
+                 description: dict[str, Any] | None = None, speculate: bool = True):
         self.decoder = decoder
+        # False when `specconvert tune` measured that drafting does not pay here: the
+        # speculative model name then decodes plainly too (and says so in /v1/models).
+        self.speculate = speculate
         self.tokenizer = decoder.tokenizer
         self.model_name = model_name
         self.baseline_name = f"{model_name}-baseline"
@@ -375,4 +378,7 @@ def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter
     description = {"device": dev, "dtype": settings.get("dtype"), "drafter": drafter,
                    "max_draft_len": settings.get("max_draft_len"), "tree": settings.get("tree"),
                    "target_dir": settings["target_dir"], "draft_dir": settings["draft_dir"]}
-    return ReferenceEngine(decoder, model_name, int(settings.get("max_draft_len") or 3), settings.get("tree"), description)
+    speculate = settings.get("speculative", True) is not False
+    description["speculative"] = speculate
+    return ReferenceEngine(decoder, model_name, int(settings.get("max_draft_len") or 3), settings.get("tree"), description,
+                           speculate=speculate)

@@ -71,6 +71,10 @@ def test_build_serves_plain_where_speculation_never_pays(converted):
     assert "speculative_config" not in yaml.safe_load((engine / "trtllm" / "llm_api_options.yaml").read_text())
     assert "--speculative-algorithm" not in (engine / "sglang" / "serve.sh").read_text()
     assert json.loads((engine / "reference" / "settings.json").read_text())["speculative"] is False
+    from specconvert.serving.engine import load_engine
+
+    served = load_engine(engine, "tiny", device="cpu")
+    assert served.speculate is False and served.description["speculative"] is False
 
 
 def test_stale_tune_result_is_ignored_with_a_warning(converted, capsys):
