@@ -29,6 +29,9 @@ def convert(
 
     rank = int(os.environ.get("RANK", "0") or 0)
     loaded = start(recipe, set_, json_out and rank == 0, quiet or rank != 0)
+    from .serve_cmd import apply_threads
+
+    apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
     train = loaded.draft.train
     if train is not None and train.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         args = [str(recipe)] + [x for value in (set_ or []) for x in ("--set", value)]

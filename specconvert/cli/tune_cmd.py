@@ -17,6 +17,9 @@ def tune(
     from ..stages import tune as tune_stage
 
     loaded = start(recipe, set_, json_out, quiet)
+    from .serve_cmd import apply_threads
+
+    apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
     result = tune_stage.run(loaded, force=force)
     manifest = result.manifest
     if json_out:
