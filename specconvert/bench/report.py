@@ -103,8 +103,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     if acc.get("acceptance_length") is None:
         lines.append("Not available.")
     else:
-        source = "estimate from tokens per streamed chunk" if acc.get("estimate") else "server /perf_metrics"
+        source = acc.get("measured_by") or (
+            "estimate from tokens per streamed chunk" if acc.get("estimate") else "server /perf_metrics")
         lines.append(f"Acceptance length {acc['acceptance_length']:.3f} ({source}).")
+        if acc.get("chunk_estimate") is not None:
+            lines.append(f"The stream-chunk estimate on the same requests gave {acc['chunk_estimate']:.3f} "
+                         f"(error {acc['chunk_estimate_error']:+.3f}).")
         per_position = acc.get("per_position")
         if per_position:
             lines.append("")

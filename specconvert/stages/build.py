@@ -134,7 +134,7 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
 
         overlays = {}
         for engine, update, script in (
-            ("vllm", launch.vllm_overlay_update(aux), launch.vllm_serve),
+            ("vllm", launch.vllm_overlay_update(aux), lambda *a: launch.vllm_serve(*a, name=recipe.name)),
             ("sglang", launch.sglang_overlay_update(aux), launch.sglang_serve),
         ):
             overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
@@ -142,6 +142,8 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
                 root / engine / "serve.sh",
                 script(target_dir, str(final / engine / "draft"), recipe.build, recipe.runtime, title),
             )
+        launch.write_executable(root / "vllm" / "serve-baseline.sh",
+                                launch.vllm_serve_baseline(target_dir, recipe.build, recipe.runtime, title, recipe.name))
 
         reference_settings = {
             "target_dir": target_dir,
@@ -192,6 +194,7 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
             "trtllm_bench": str(trt / "bench.sh"),
             "trtllm_dataset": str(trt / "dataset.jsonl"),
             "vllm_serve": str(root / "vllm" / "serve.sh"),
+            "vllm_serve_baseline": str(root / "vllm" / "serve-baseline.sh"),
             "sglang_serve": str(root / "sglang" / "serve.sh"),
             "vllm_draft": str(root / "vllm" / "draft"),
             "sglang_draft": str(root / "sglang" / "draft"),

@@ -74,6 +74,8 @@ class Phase:
     url_for_port: Any  # callable port -> base url (or a fixed url)
     labels: list[tuple[str, str | None]]  # (speculative|baseline, model id or None = discover)
     launch: Launch | None = None
+    counters: Any = None  # the backend's acceptance reader (module with snapshot/delta), e.g. backends.vllm.counters
+    request_extra: dict[str, Any] | None = None  # engine-specific request fields (vLLM: return_token_ids)
 
 
 @dataclass
@@ -133,6 +135,9 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
         launch = Launch(lambda p: command + ["--port", str(p)], "reference server", port=port)
         return [Phase("reference server", _local, [(SPECULATIVE, name), (BASELINE, f"{name}-baseline")], launch)], info
 
+    if recipe.runtime.backend == "vllm":
+        return _vllm_phases(recipe, recipe_path, manifest, engine, info, port)
+
     exe = shutil.which("trtllm-serve")
     if exe is None:
         raise EnvironmentMissing(
@@ -165,6 +170,38 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
     ], info
 
 
+def _vllm_phases(recipe: Any, recipe_path: Path, manifest: dict[str, Any], engine: Path, info: dict[str, Any],
+                 port: int | None) -> tuple[list[Phase], dict[str, Any]]:
+    """vLLM twice, speculative then baseline (same settings), one after the other: they never share cores or RAM."""
+    import os
+
+    from ..backends.vllm import counters
+    from ..backends.vllm import launch as vllm
+
+    artifacts = manifest.get("artifacts") or {}
+    missing = [k for k in ("target_dir", "vllm_draft") if not artifacts.get(k)]
+    if missing:
+        raise InputError(f"{engine / 'manifest.json'} lacks artifacts {', '.join(missing)}",
+                         fix="run `specconvert build RECIPE --force`")
+    python = vllm.find_python(recipe.runtime, vllm_roots(recipe_path))
+    info.update(vllm_python=python, vllm_draft=artifacts["vllm_draft"], servers_mode="sequential")
+    phases = []
+    for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
+                                recipe.name):
+        name = f"vllm ({server.label})"
+        phases.append(Phase(name, _local, [(server.label, server.served_model_name)],
+                            Launch(lambda p, s=server: s.command(HOST, p), name, env={**os.environ, **server.env},
+                                   port=port),
+                            counters=counters, request_extra={"return_token_ids": True}))
+    return phases, info
+
+
+def vllm_roots(recipe_path: Path) -> list[Path]:
+    """Where a project's ``.venv-vllm`` may sit: the current directory, then the recipe's folder and its parents."""
+    here = Path(recipe_path).resolve().parent
+    return list(dict.fromkeys([Path.cwd(), here, *list(here.parents)[:3]]))
+
+
 def _fixed(url: str):
     return lambda _port: url.rstrip("/")
 
@@ -187,6 +224,9 @@ class ServeRun:
         self.servers: list[ServerRecord] = []
         self.transcripts: list[dict[str, Any]] = []
         self.metrics_available: dict[str, bool] = {}
+        self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
+        self.engine_acceptance: dict[str, Any] | None = None
+        self.oracle: dict[str, Any] | None = None
 
     # -------------------------------------------------------------- one phase
 
@@ -291,7 +331,7 @@ class ServeRun:
                         if stopped:
                             self.results[key] = Outcome(error=f"not run: {stopped}", error_kind="skipped")
                             continue
-                        outcome = await self._one(client, label, model, prompt, stream)
+                        outcome = await self._one(client, label, model, prompt, stream, phase)
                         self.results[key] = outcome
                         if outcome.error_kind in ("connect", "incomplete", "timeout"):
                             stopped = self._stop_reason(outcome, server, record)
@@ -335,20 +375,35 @@ class ServeRun:
         return RequestFailed("malformed", f"the endpoint serves no baseline model (models: {', '.join(ids)}); "
                              "pass --baseline-url of the same target served without speculation")
 
-    async def _one(self, client: OpenAIClient, label: str, model: str, prompt: Prompt, stream: bool) -> Outcome:
+    async def _send(self, client: OpenAIClient, model: str, prompt: Prompt, max_tokens: int, stream: bool,
+                    extra: dict[str, Any] | None) -> Any:
+        params = dict(max_tokens=max_tokens, temperature=0.0, seed=0, stream=stream, extra=extra)
+        if prompt.messages is not None:
+            return await client.chat(model, prompt.messages, **params)
+        return await client.complete(model, prompt.prompt, **params)
+
+    async def _one(self, client: OpenAIClient, label: str, model: str, prompt: Prompt, stream: bool,
+                   phase: Phase | None = None) -> Outcome:
         spec = self.spec
-        params = dict(max_tokens=spec.max_tokens, temperature=0.0, seed=0, stream=stream)
         outcome = Outcome()
+        reader = phase.counters if phase is not None and label == SPECULATIVE else None
+        extra = phase.request_extra if phase is not None else None
+        before = await reader.snapshot(client) if reader else None
         try:
-            if prompt.messages is not None:
-                outcome.completion = await client.chat(model, prompt.messages, **params)
-            else:
-                outcome.completion = await client.complete(model, prompt.prompt, **params)
+            outcome.completion = await self._send(client, model, prompt, spec.max_tokens, stream, extra)
         except RequestFailed as exc:
             outcome.error, outcome.error_kind = exc.message, exc.kind
+        if reader is not None and outcome.completion is not None:
+            counted = reader.delta(before, await reader.snapshot(client), requests=1)
+            self.counted.append({"prompt_id": prompt.id, "stream": stream, "acceptance": counted,
+                                 "tokens": _tokens(outcome.completion), "chunks": _token_chunks(outcome.completion)})
+            if not stream and counted.available:
+                outcome.stats = _stats_from(counted)
+        if label == BASELINE and outcome.completion is not None and spec.lossless.mode != "off":
+            outcome.diagnosis = await self._diagnose(client, model, prompt, outcome.completion, extra)
         if outcome.error_kind not in ("connect", "incomplete", "timeout"):
             entries = await self._drain(client, label)
-            if label == SPECULATIVE and not stream and entries:
+            if label == SPECULATIVE and not stream and entries and outcome.stats is None:
                 outcome.stats = request_stats(entries[-1], self.recipe.build.max_draft_len)
         completion = outcome.completion
         mark = "✓" if completion else "✗"
@@ -363,6 +418,38 @@ class ServeRun:
         })
         return outcome
 
+    async def _diagnose(self, client: OpenAIClient, model: str, prompt: Prompt, base: Any,
+                        extra: dict[str, Any] | None) -> dict[str, Any] | None:
+        """At the first divergence from the speculative output: the baseline's top logprobs there, the margin."""
+        from ..serving import oracle
+        from ..serving.verdict import first_divergence
+
+        spec_outcome = self.results.get((SPECULATIVE, prompt.id, False))
+        if spec_outcome is None or spec_outcome.completion is None:
+            return None
+        div = first_divergence(spec_outcome.completion, base)
+        if div is None or "token_index" not in div:
+            return None
+        index = div["token_index"]
+        if index >= len(base.token_ids or []):
+            return {"token_index": index, "class": "divergence", "margin": None,
+                    "note": "one output is a prefix of the other (different length)"}
+        chat = prompt.messages is not None
+        logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
+        try:
+            probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
+        except RequestFailed as exc:
+            return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
+        tops = oracle.top_logprobs_at(getattr(probe, "logprobs", None), index)
+        if not tops:
+            return {"token_index": index, "class": "unknown", "margin": None,
+                    "note": "the baseline returned no top logprobs (OpenAI `logprobs`/`top_logprobs`)"}
+        spec_ids = spec_outcome.completion.token_ids or []
+        margin = oracle.divergence_margin(tops, spec_ids[index] if index < len(spec_ids) else None)
+        return {"token_index": index, "class": oracle.classify_divergence(margin, self.spec.lossless.tie_margin),
+                "tie_margin": self.spec.lossless.tie_margin, "top_logprobs": [[t, round(lp, 6)] for t, lp in tops],
+                **margin}
+
     async def _drain(self, client: OpenAIClient, label: str) -> list[dict[str, Any]]:
         try:
             entries = await client.perf_metrics()
@@ -375,8 +462,75 @@ class ServeRun:
         return entries
 
 
+def _tokens(completion: Any) -> int:
+    return len(completion.token_ids) if completion.token_ids is not None else int(completion.completion_tokens or 0)
+
+
+def _token_chunks(completion: Any) -> int:
+    return sum(1 for c in completion.chunks if (c.tokens or c.text))
+
+
+def _stats_from(counted: Any) -> dict[str, Any]:
+    """An engine counter delta in the per-request statistics shape ``serving.metrics.aggregate`` sums."""
+    return {"draft_tokens": counted.draft_tokens or 0, "accepted_tokens": counted.accepted_tokens or 0,
+            "acceptance_rate": (counted.accepted_tokens / counted.draft_tokens) if counted.draft_tokens else None,
+            "steps": counted.drafts, "acceptance_length": counted.acceptance_length, "accepted_per_step": None,
+            "drafted_depth_per_step": None, "estimated": False, "per_position": counted.per_position}
+
+
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-").replace("--", "-")
+
+
+# ---------------------------------------------------------------------- engine acceptance and the oracle
+
+
+def _oracle_enabled(recipe: Any, url: str | None) -> bool:
+    mode = recipe.serve_test.oracle.enabled
+    if mode == "auto":
+        return url is None and recipe.runtime.backend == "vllm"
+    return mode == "on"
+
+
+def engine_acceptance(counted: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Counter deltas summed over the non-streamed requests, and the stream-chunk estimate against the counters of
+    the streamed requests (the same requests, so the estimator's error is measured, not guessed)."""
+    from ..serving.acceptance import combine, from_stream_chunks
+
+    if not counted:
+        return None
+
+    def total(items: list[dict[str, Any]]) -> Any:
+        return combine([c["acceptance"] for c in items])
+
+    plain = [c for c in counted if not c["stream"]]
+    streamed = [c for c in counted if c["stream"]]
+    out: dict[str, Any] = {"counters": total(plain) if plain else total(streamed)}
+    if streamed:
+        measured = total(streamed)
+        estimate = from_stream_chunks([c["tokens"] for c in streamed], [c["chunks"] for c in streamed])
+        error = (round(estimate.acceptance_length - measured.acceptance_length, 4)
+                 if estimate.available and measured.available else None)
+        out["stream_estimate"] = {"estimate": estimate.as_dict(), "counters_same_requests": measured.as_dict(),
+                                  "error": error,
+                                  "relative_error": round(error / measured.acceptance_length, 4) if error is not None else None}
+    return out
+
+
+def run_oracle(recipe: Any, prompts: list[Prompt], engine: Any) -> dict[str, Any]:
+    """The reference decoder on the same prompts, head and template; its verdict against the engine's counters."""
+    from ..serving import oracle
+
+    spec = recipe.serve_test
+    output.log(f"serve-test: oracle: reference decoder on {len(prompts)} prompt(s), greedy, {spec.max_tokens} tokens")
+    started = time.monotonic()
+    reference, rows = oracle.reference_acceptance(recipe.workdir_path / "engine", prompts, spec.max_tokens,
+                                                  device=spec.oracle.device)
+    tol = oracle.OracleTolerance(spec.oracle.tolerance, spec.oracle.per_position_tolerance)
+    verdict = oracle.compare(engine, reference, tol)
+    verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
+    output.check(verdict["passed"], f"oracle: {verdict['message']}")
+    return verdict
 
 
 # ---------------------------------------------------------------------- the stage
@@ -396,6 +550,11 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
     prompts = load_prompts(recipe)
     phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+    if recipe.serve_test.lossless.mode == "off":  # no baseline to compare with: do not start one
+        for phase in phases:
+            phase.labels = [(label, model) for label, model in phase.labels if label != BASELINE]
+        phases = [phase for phase in phases if phase.labels]
+    oracle_on = _oracle_enabled(recipe, url)
     final = serve_test_dir(recipe)
     inputs = {"recipe": recipe.section("serve_test", "build", "runtime"), "plan": info, "drafter": drafter,
               "prompts": [p.as_dict() for p in prompts]}
@@ -408,6 +567,9 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
                 for later in phases[index + 1:]:
                     serve.skip_phase(later, f"not run: {phase.name} did not start")
                 break
+        serve.engine_acceptance = engine_acceptance(serve.counted)
+        if oracle_on:
+            serve.oracle = run_oracle(recipe, prompts, serve.engine_acceptance["counters"])
         evaluated = evaluate(serve)
         suites = evaluated.pop("junit")
         report = {
@@ -419,6 +581,9 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
             "settings": recipe.serve_test.model_dump(mode="json"),
             **evaluated,
             "servers": [s.as_dict() for s in serve.servers],
+            "engine_acceptance": ({k: (v.as_dict() if hasattr(v, "as_dict") else v)
+                                   for k, v in serve.engine_acceptance.items()} if serve.engine_acceptance else None),
+            "oracle": serve.oracle,
             "duration_s": round(time.time() - started, 3),
         }
         _write_outputs(stage.path, final, report, suites, serve.transcripts)
