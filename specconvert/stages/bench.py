@@ -95,6 +95,9 @@ def run(
     counters = None
     if vllm:
         from ..backends.vllm import counters
+
+        # vLLM sends token ids per chunk when asked: exact tokens per chunk instead of apportioned text
+        payloads = [{**p, "return_token_ids": True} for p in payloads]
     with stage_dir(out_dir, STAGE, inputs) as stage:
         if vllm and recipe.runtime.vllm_servers == "sequential":
             measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,

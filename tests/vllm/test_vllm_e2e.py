@@ -71,7 +71,8 @@ def test_the_oracle_catches_an_injected_fault(cli, vllm_python, bundle, fault):
     _, workdir = bundle
     with injected(workdir / "engine" / "vllm" / "draft", fault) as what:
         # No baseline server: these faults keep greedy output lossless; acceptance is what they break.
-        code, report = serve_test(cli, vllm_python, "--set", "serve_test.lossless.mode=off")
+        code, report = serve_test(cli, vllm_python, "--set", "serve_test.lossless.mode=off",
+                                  "--set", "serve_test.stream=false")
     oracle = report["oracle"]
     assert code == 1 and not oracle["passed"], oracle["message"]
     assert oracle["delta"] < -oracle["tolerance"]["acceptance_length"]
