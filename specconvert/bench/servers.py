@@ -67,13 +67,12 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path,
     """(label, argv, env) of the vLLM speculative server and its baseline twin (``only``: one of them)."""
     from ..backends.vllm import launch as vllm
     from ..manifest import require_manifest
-    from ..stages.serve_test import vllm_roots
 
     artifacts = require_manifest(engine_dir, "build", "build").get("artifacts") or {}
     if not artifacts.get("target_dir") or not artifacts.get("vllm_draft"):
         raise InputError(f"{engine_dir / 'manifest.json'} names no vLLM draft overlay",
                          fix="run `specconvert build RECIPE --force`")
-    python = vllm.find_python(recipe.runtime, vllm_roots(recipe_path))
+    python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
     out = []
     for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
                                 recipe.name):

@@ -155,7 +155,29 @@ def classify_divergence(margin: dict[str, Any] | None, tie_margin: float) -> str
     return "tie" if margin["margin"] < tie_margin else "divergence"
 
 
+def diagnose(logprobs: Any, index: int, speculative_token: int | str | None, tie_margin: float) -> dict[str, Any]:
+    """The report's diagnosis of one divergence, from the baseline's OpenAI ``logprobs`` object."""
+    tops = top_logprobs_at(logprobs, index)
+    if not tops:
+        return {"token_index": index, "class": "unknown", "margin": None,
+                "note": "the baseline returned no top logprobs (OpenAI `logprobs`/`top_logprobs`)"}
+    margin = divergence_margin(tops, speculative_token)
+    return {"token_index": index, "class": classify_divergence(margin, tie_margin), "tie_margin": tie_margin,
+            "top_logprobs": [[t, round(lp, 6)] for t, lp in tops], **margin}
+
+
 # ---------------------------------------------------------------------- running the reference
+
+
+def check(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, spec: Any, engine: Acceptance) -> dict[str, Any]:
+    """Run the reference decoder (``spec``: the recipe's ``serve_test.oracle``) and compare ``engine`` with it."""
+    import time
+
+    started = time.monotonic()
+    reference, rows = reference_acceptance(engine_dir, prompts, max_tokens, device=spec.device)
+    verdict = compare(engine, reference, OracleTolerance(spec.tolerance, spec.per_position_tolerance))
+    verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
+    return verdict
 
 
 def reference_acceptance(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, device: str = "cpu"

@@ -33,6 +33,7 @@ from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
 from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
 
 STAGE = "serve-test"
@@ -183,7 +184,7 @@ def _vllm_phases(recipe: Any, recipe_path: Path, manifest: dict[str, Any], engin
     if missing:
         raise InputError(f"{engine / 'manifest.json'} lacks artifacts {', '.join(missing)}",
                          fix="run `specconvert build RECIPE --force`")
-    python = vllm.find_python(recipe.runtime, vllm_roots(recipe_path))
+    python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
     info.update(vllm_python=python, vllm_draft=artifacts["vllm_draft"], servers_mode="sequential")
     phases = []
     for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
@@ -192,14 +193,8 @@ def _vllm_phases(recipe: Any, recipe_path: Path, manifest: dict[str, Any], engin
         phases.append(Phase(name, _local, [(server.label, server.served_model_name)],
                             Launch(lambda p, s=server: s.command(HOST, p), name, env={**os.environ, **server.env},
                                    port=port),
-                            counters=counters, request_extra={"return_token_ids": True}))
+                            counters=counters, request_extra=vllm.REQUEST_EXTRA))
     return phases, info
-
-
-def vllm_roots(recipe_path: Path) -> list[Path]:
-    """Where a project's ``.venv-vllm`` may sit: the current directory, then the recipe's folder and its parents."""
-    here = Path(recipe_path).resolve().parent
-    return list(dict.fromkeys([Path.cwd(), here, *list(here.parents)[:3]]))
 
 
 def _fixed(url: str):
@@ -396,9 +391,9 @@ class ServeRun:
         if reader is not None and outcome.completion is not None:
             counted = reader.delta(before, await reader.snapshot(client), requests=1)
             self.counted.append({"prompt_id": prompt.id, "stream": stream, "acceptance": counted,
-                                 "tokens": _tokens(outcome.completion), "chunks": _token_chunks(outcome.completion)})
+                                 "tokens": tokens_of(outcome.completion), "chunks": streamed_chunks(outcome.completion)})
             if not stream and counted.available:
-                outcome.stats = _stats_from(counted)
+                outcome.stats = per_request_stats(counted)
         if label == BASELINE and outcome.completion is not None and spec.lossless.mode != "off":
             outcome.diagnosis = await self._diagnose(client, model, prompt, outcome.completion, extra)
         if outcome.error_kind not in ("connect", "incomplete", "timeout"):
@@ -440,15 +435,9 @@ class ServeRun:
             probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
         except RequestFailed as exc:
             return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
-        tops = oracle.top_logprobs_at(getattr(probe, "logprobs", None), index)
-        if not tops:
-            return {"token_index": index, "class": "unknown", "margin": None,
-                    "note": "the baseline returned no top logprobs (OpenAI `logprobs`/`top_logprobs`)"}
         spec_ids = spec_outcome.completion.token_ids or []
-        margin = oracle.divergence_margin(tops, spec_ids[index] if index < len(spec_ids) else None)
-        return {"token_index": index, "class": oracle.classify_divergence(margin, self.spec.lossless.tie_margin),
-                "tie_margin": self.spec.lossless.tie_margin, "top_logprobs": [[t, round(lp, 6)] for t, lp in tops],
-                **margin}
+        return oracle.diagnose(getattr(probe, "logprobs", None), index,
+                               spec_ids[index] if index < len(spec_ids) else None, self.spec.lossless.tie_margin)
 
     async def _drain(self, client: OpenAIClient, label: str) -> list[dict[str, Any]]:
         try:
@@ -460,22 +449,6 @@ class ServeRun:
             return []
         self.metrics_available[label] = True
         return entries
-
-
-def _tokens(completion: Any) -> int:
-    return len(completion.token_ids) if completion.token_ids is not None else int(completion.completion_tokens or 0)
-
-
-def _token_chunks(completion: Any) -> int:
-    return sum(1 for c in completion.chunks if (c.tokens or c.text))
-
-
-def _stats_from(counted: Any) -> dict[str, Any]:
-    """An engine counter delta in the per-request statistics shape ``serving.metrics.aggregate`` sums."""
-    return {"draft_tokens": counted.draft_tokens or 0, "accepted_tokens": counted.accepted_tokens or 0,
-            "acceptance_rate": (counted.accepted_tokens / counted.draft_tokens) if counted.draft_tokens else None,
-            "steps": counted.drafts, "acceptance_length": counted.acceptance_length, "accepted_per_step": None,
-            "drafted_depth_per_step": None, "estimated": False, "per_position": counted.per_position}
 
 
 def _slug(text: str) -> str:
@@ -492,43 +465,13 @@ def _oracle_enabled(recipe: Any, url: str | None) -> bool:
     return mode == "on"
 
 
-def engine_acceptance(counted: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Counter deltas summed over the non-streamed requests, and the stream-chunk estimate against the counters of
-    the streamed requests (the same requests, so the estimator's error is measured, not guessed)."""
-    from ..serving.acceptance import combine, from_stream_chunks
-
-    if not counted:
-        return None
-
-    def total(items: list[dict[str, Any]]) -> Any:
-        return combine([c["acceptance"] for c in items])
-
-    plain = [c for c in counted if not c["stream"]]
-    streamed = [c for c in counted if c["stream"]]
-    out: dict[str, Any] = {"counters": total(plain) if plain else total(streamed)}
-    if streamed:
-        measured = total(streamed)
-        estimate = from_stream_chunks([c["tokens"] for c in streamed], [c["chunks"] for c in streamed])
-        error = (round(estimate.acceptance_length - measured.acceptance_length, 4)
-                 if estimate.available and measured.available else None)
-        out["stream_estimate"] = {"estimate": estimate.as_dict(), "counters_same_requests": measured.as_dict(),
-                                  "error": error,
-                                  "relative_error": round(error / measured.acceptance_length, 4) if error is not None else None}
-    return out
-
-
 def run_oracle(recipe: Any, prompts: list[Prompt], engine: Any) -> dict[str, Any]:
     """The reference decoder on the same prompts, head and template; its verdict against the engine's counters."""
     from ..serving import oracle
 
     spec = recipe.serve_test
     output.log(f"serve-test: oracle: reference decoder on {len(prompts)} prompt(s), greedy, {spec.max_tokens} tokens")
-    started = time.monotonic()
-    reference, rows = oracle.reference_acceptance(recipe.workdir_path / "engine", prompts, spec.max_tokens,
-                                                  device=spec.oracle.device)
-    tol = oracle.OracleTolerance(spec.oracle.tolerance, spec.oracle.per_position_tolerance)
-    verdict = oracle.compare(engine, reference, tol)
-    verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
+    verdict = oracle.check(recipe.workdir_path / "engine", prompts, spec.max_tokens, spec.oracle, engine)
     output.check(verdict["passed"], f"oracle: {verdict['message']}")
     return verdict
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specconvert.serving.acceptance import from_counts, unavailable
-from specconvert.stages.serve_test import engine_acceptance
+from specconvert.serving.counted import engine_acceptance
 
 
 def counted(prompt, stream, drafts, accepted, per_pos, tokens=0, chunks=0):

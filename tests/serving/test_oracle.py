@@ -72,3 +72,10 @@ def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind)
 
 def test_unknown_without_logprobs():
     assert oracle.classify_divergence(None, 0.05) == "unknown"
+
+
+def test_diagnose_reads_vllm_token_id_spelling():
+    got = oracle.diagnose(CHAT, 1, 7, 0.05)
+    assert got["class"] == "tie" and got["token_index"] == 1
+    assert got["top_logprobs"][0] == ["token_id:42", -0.7]
+    assert oracle.diagnose({"content": []}, 0, 7, 0.05)["class"] == "unknown"

