@@ -370,6 +370,12 @@ class LosslessSpec(_Strict):
         1.0, ge=0, le=1, description="Fraction of prompts whose speculative output must equal the baseline's exactly."
     )
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_is_not_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as False: `mode: off` means the mode named "off".
+        return "off" if value is False else value
+
 
 class OracleSpec(_Strict):
     """serve-test's oracle: the reference decoder's greedy acceptance on the same prompts, head and template."""
@@ -388,6 +394,12 @@ class OracleSpec(_Strict):
         0.1, gt=0, description="Largest |rate_engine[i] - rate_reference[i]| per draft position."
     )
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where the reference decoder runs.")
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _on_off_are_not_booleans(cls, value: Any) -> Any:
+        # YAML 1.1 reads bare `on`/`off` as booleans.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class ServeTestSpec(_Strict):
