@@ -46,8 +46,11 @@ class OracleTolerance:
     per_position: float
 
 
-def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance) -> dict[str, Any]:
-    """The oracle's verdict: agreement within ``tol``, the gaps, and (on disagreement) the likely causes in order."""
+def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance,
+            found: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """The oracle's verdict: agreement within ``tol``, the gaps, and (on disagreement) the likely causes in order.
+    ``found``: concrete departures of the engine's files from the head (``backends.vllm.overlay.findings``),
+    named first when the verdict is a disagreement."""
     out: dict[str, Any] = {"engine": engine.as_dict(), "reference": reference.as_dict(),
                            "tolerance": {"acceptance_length": tol.acceptance_length, "per_position": tol.per_position}}
     if not engine.available or not reference.available:
@@ -64,14 +67,19 @@ def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance) -> 
     worst_pos = max((abs(d) for d in pos_delta or [] if d is not None), default=0.0)
     passed = abs(delta) <= tol.acceptance_length and worst_pos <= tol.per_position
     causes = [] if passed else likely_causes(engine, reference)
+    found = list(found or [])
+    if found and not passed:
+        causes = list(dict.fromkeys([f["cause"] for f in found if f["cause"] in CAUSES] + causes))
     message = (f"engine tau {engine.acceptance_length:.3f} vs reference {reference.acceptance_length:.3f} "
                f"(delta {delta:+.3f}, tolerance ±{tol.acceptance_length:g}")
     if pos_delta is not None:
         message += f"; per position delta {pos_delta}, tolerance ±{tol.per_position:g}"
     message += ")"
     if not passed:
+        if found:
+            message += ". Found in the engine's files: " + "; ".join(f["detail"] for f in found)
         message += ". Likely causes, most likely first: " + "; ".join(CAUSES[c] for c in causes)
-    out.update(passed=passed, status="agrees" if passed else "disagrees", delta=round(delta, 4),
+    out.update(found=found, passed=passed, status="agrees" if passed else "disagrees", delta=round(delta, 4),
                per_position_delta=pos_delta, message=message, causes=causes)
     return out
 
@@ -169,13 +177,14 @@ def diagnose(logprobs: Any, index: int, speculative_token: int | str | None, tie
 # ---------------------------------------------------------------------- running the reference
 
 
-def check(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, spec: Any, engine: Acceptance) -> dict[str, Any]:
+def check(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, spec: Any, engine: Acceptance,
+          found: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """Run the reference decoder (``spec``: the recipe's ``serve_test.oracle``) and compare ``engine`` with it."""
     import time
 
     started = time.monotonic()
     reference, rows = reference_acceptance(engine_dir, prompts, max_tokens, device=spec.device)
-    verdict = compare(engine, reference, OracleTolerance(spec.tolerance, spec.per_position_tolerance))
+    verdict = compare(engine, reference, OracleTolerance(spec.tolerance, spec.per_position_tolerance), found)
     verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
     return verdict
 

@@ -471,7 +471,17 @@ def run_oracle(recipe: Any, prompts: list[Prompt], engine: Any) -> dict[str, Any
 
     spec = recipe.serve_test
     output.log(f"serve-test: oracle: reference decoder on {len(prompts)} prompt(s), greedy, {spec.max_tokens} tokens")
-    verdict = oracle.check(recipe.workdir_path / "engine", prompts, spec.max_tokens, spec.oracle, engine)
+    engine_dir = recipe.workdir_path / "engine"
+    found = None
+    if recipe.runtime.backend == "vllm":
+        from ..backends.vllm import overlay
+        from ..manifest import read_manifest
+
+        manifest = read_manifest(engine_dir) or {}
+        artifacts = manifest.get("artifacts") or {}
+        found = overlay.findings(Path(artifacts["vllm_draft"]), Path(artifacts["draft_dir"]),
+                                 (manifest.get("decisions") or {}).get("vllm_aux_layer_ids"))
+    verdict = oracle.check(engine_dir, prompts, spec.max_tokens, spec.oracle, engine, found)
     output.check(verdict["passed"], f"oracle: {verdict['message']}")
     return verdict
 

@@ -4,8 +4,14 @@ mistake that leaves vLLM starting and answering, losslessly, while acceptance qu
 - ``aux-shift``: the aux-layer list in the *output* numbering (forgetting vLLM's +1), i.e. every
   captured layer one too early;
 - ``identity-d2t``: ``d2t`` all zeros, so draft token i is taken for target token i;
-- ``dropped-norm``: the draft's final ``norm.weight`` reset to 1, what an engine runs when it
-  does not load that tensor.
+- ``norm-layout``: the draft layer's residual taken *after* ``hidden_norm`` instead of before it
+  (vLLM's ``norm_before_residual: true`` in the draft config, ``vllm/model_executor/models/
+  llama_eagle3.py``), a norm applied where the head was trained without it.
+
+Not used: a dropped norm *scale* (``norm.weight`` reset to 1, what an engine runs when it does not
+load the tensor). Tried on the overfit head: vLLM's tau stayed 4.000, because its trained norm
+weights are within 0.06 of 1 (mean |w - 1| 0.012-0.016), so nothing changes that any check could
+see; a head trained longer would move them.
 
 The overlay's ``model.safetensors`` is a symlink to convert's draft: faults that change tensors
 replace the link with a modified copy, so convert's head (which the oracle reads) stays intact.
@@ -19,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-FAULTS = ("aux-shift", "identity-d2t", "dropped-norm")
+FAULTS = ("aux-shift", "identity-d2t", "norm-layout")
 KEY = "eagle_aux_hidden_state_layer_ids"
 
 
@@ -51,7 +57,13 @@ def inject(overlay: Path, fault: str) -> dict:
 
         _rewrite_tensors(overlay, zero)
         return {"d2t": "zeros"}
-    if fault == "dropped-norm":
+    if fault == "norm-layout":
+        config_path = overlay / "config.json"
+        config = json.loads(config_path.read_text())
+        config["norm_before_residual"] = True
+        config_path.write_text(json.dumps(config, indent=2))
+        return {"norm_before_residual": True}
+    if fault == "dropped-norm-scale":  # kept to show it: no behaviour change on a head with norm weights ~1
         import torch
 
         def drop(tensors):

@@ -75,5 +75,8 @@ def test_the_oracle_catches_an_injected_fault(cli, vllm_python, bundle, fault):
     assert code == 1 and not oracle["passed"], oracle["message"]
     assert oracle["delta"] < -oracle["tolerance"]["acceptance_length"]
     assert "Likely causes" in check(report, "oracle")["message"]
+    # and the overlay check names the concrete cause first
+    assert oracle["causes"][0] == {"aux-shift": "aux_layers", "identity-d2t": "d2t", "norm-layout": "norm"}[fault]
     print(json.dumps({"fault": fault, "injected": what, "tau_vllm": oracle["engine"]["acceptance_length"],
-                      "tau_reference": oracle["reference"]["acceptance_length"], "causes": oracle["causes"]}))
+                      "tau_reference": oracle["reference"]["acceptance_length"], "causes": oracle["causes"],
+                      "found": oracle["found"]}))
