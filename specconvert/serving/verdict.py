@@ -89,7 +89,8 @@ def evaluate(run: Any) -> dict[str, Any]:
     stats = []
     for prompt in run.prompts:
         s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-        b = run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+        b = (run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+             if lossless_on else Outcome())  # lossless off: no baseline was asked, nothing missing
         st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
         errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
                   if o is not None and o.error]

@@ -11,6 +11,7 @@ def test_lossless_off_starts_no_baseline_and_checks_acceptance_only(project, cli
     assert not any(n.startswith("lossless") for n in names)
     assert any(n.startswith("acceptance length") for n in names)
     assert report["models"] == {"speculative": "tiny-serve"}
+    assert all(not row["errors"] for row in report["prompts"])  # no "baseline: not run" in JUnit
 
 
 def test_yaml_on_off_spellings_mean_the_modes():
