@@ -3,12 +3,15 @@
 Plan, then run: pick the servers (the reference server, which serves the
 speculative model and ``<name>-baseline`` in one process; or ``trtllm-serve`` twice,
 with the bundle's ``llm_api_options.yaml`` and then its ``baseline.yaml``, one at a
-time so both never hold GPU memory together; or ``--url`` for a running endpoint),
-start each on a free loopback port in its own process group, wait for health with
-a deadline, send every prompt greedily (speculative, speculative streamed,
-baseline), read ``/perf_metrics`` after each request, stop the server. Every
-request and the startup are bounded in time; every child is reaped, also on
-failure and Ctrl-C/SIGTERM.
+time so both never hold GPU memory together; or vLLM's OpenAI server twice, with and
+without the bundle's EAGLE-3 overlay, from ``backends.vllm``; or ``--url`` for a
+running endpoint), start each on a free loopback port in its own process group, wait
+for health with a deadline, send every prompt greedily (speculative, speculative
+streamed, baseline), read ``/perf_metrics`` after each request (or, for a backend
+with counters, their delta around it), stop the server. Every request and the
+startup are bounded in time; every child is reaped, also on failure and
+Ctrl-C/SIGTERM. A divergence is diagnosed from the baseline's top logprobs; for
+vLLM the reference decoder then checks the engine's acceptance (the oracle).
 
 Writes ``<workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl,
 server-*.log, manifest.json}`` atomically.
@@ -31,9 +34,9 @@ from ..manifest import manifest_hash, require_manifest, stage_dir
 from ..prompts import load_samples
 from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
+from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
-from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
 
 STAGE = "serve-test"
