@@ -33,8 +33,8 @@ demo: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/specconvert convert $(RECIPE)
 	$(VENV)/bin/specconvert build $(RECIPE)
 	# convert trains the head (data synthesis + training + held-out tau); serve-test and bench use it.
-	$(VENV)/bin/specconvert serve-test $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(VLLM_VENV)/bin/python
-	$(VENV)/bin/specconvert bench $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(VLLM_VENV)/bin/python \
+	$(VENV)/bin/specconvert serve-test $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
+	$(VENV)/bin/specconvert bench $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python \
 	  --set bench.num_requests=8 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]" --set bench.repeats=1
 
 # `vllm` tests need .venv-vllm and several CPU minutes each: `make test-vllm` runs them.
