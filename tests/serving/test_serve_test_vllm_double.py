@@ -66,3 +66,18 @@ def test_bench_on_vllm_runs_one_server_at_a_time_and_measures_tau_from_counters(
     # the counters and the chunk estimate see the same steps here, short last steps included
     assert acc["acceptance_length"] == pytest.approx(acc["chunk_estimate"], abs=1e-3)
     assert_reaped([s["pid"] for s in report["servers"]])
+
+
+def test_bench_on_vllm_together_interleaves(project, cli, fake_vllm):
+    exe, log = fake_vllm
+    result = cli("bench", project.recipe_path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                 "--set", "runtime.vllm_servers=together", "--set", "bench.prompts=synthetic",
+                 "--set", "bench.num_requests=2", "--set", "bench.max_tokens=10", "--set", "bench.concurrency=[1]",
+                 "--set", "bench.repeats=2", "--set", "bench.warmup_requests=0", "--set", "bench.plots=false", "--json")
+    assert result.code == 0, result.stderr[-2000:]
+    report = result.json()["report"]
+    assert report["order"].startswith("interleaved")
+    assert report["schedule"] == ["baseline-c1-r0", "speculative-c1-r0", "baseline-c1-r1", "speculative-c1-r1"]
+    assert {s["label"] for s in report["servers"]} == {"speculative", "baseline"}
+    assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
+    assert_reaped([s["pid"] for s in report["servers"]])
