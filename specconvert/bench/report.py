@@ -68,8 +68,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     prompt_desc = (f"synthetic {work.get('input_tokens')} in / {work.get('output_tokens')} out"
                    if work.get("prompts") == "synthetic" else f"`{work.get('prompts')}`, max_tokens {work.get('max_tokens')}")
     settings = report["settings"]
+    sequential = str(report.get("order", "")).startswith("sequential")
     lines.append(f"- load: {prompt_desc}; {settings['num_requests']} requests per run, {settings['repeats']} "
-                 f"interleaved pair(s) per level, temperature {settings['temperature']}")
+                 f"{'baseline/speculative' if sequential else 'interleaved'} pair(s) per level, "
+                 f"temperature {settings['temperature']}")
+    if sequential:
+        lines.append(f"- order: {report['order']}: machine drift between the halves is not cancelled")
     lines.append(f"- {report['created_at']}, specconvert {report['specconvert_version']}")
     lines.append("")
     if base_ep:
@@ -103,8 +107,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     if acc.get("acceptance_length") is None:
         lines.append("Not available.")
     else:
-        source = "estimate from tokens per streamed chunk" if acc.get("estimate") else "server /perf_metrics"
+        source = acc.get("measured_by") or (
+            "estimate from tokens per streamed chunk" if acc.get("estimate") else "server /perf_metrics")
         lines.append(f"Acceptance length {acc['acceptance_length']:.3f} ({source}).")
+        if acc.get("chunk_estimate") is not None:
+            lines.append(f"The stream-chunk estimate on the same requests gave {acc['chunk_estimate']:.3f} "
+                         f"(error {acc['chunk_estimate_error']:+.3f}).")
         per_position = acc.get("per_position")
         if per_position:
             lines.append("")

@@ -6,6 +6,10 @@
   ``OPTIONS=baseline.yaml``, both up at once so runs can interleave; each gets half of
   the bundle's ``kv_cache_config.free_gpu_memory_fraction`` (derived option files
   written into the bench directory).
+- vllm backend: ``python -m vllm.entrypoints.openai.api_server`` twice, speculative and
+  baseline, argv from ``backends.vllm.launch`` (the same the bundle's serve scripts hold).
+  ``runtime.vllm_servers: together`` starts both here; ``sequential`` (the default) has the
+  bench stage start one at a time through :func:`vllm_server`.
 """
 
 from __future__ import annotations
@@ -21,22 +25,24 @@ from .. import output
 from ..errors import ExternalFailure, InputError
 
 HOST = "127.0.0.1"
+# (label, argv, env or None = inherit, whether the port is an argument rather than PORT= in the environment)
+Launch = tuple[str, list[str], "dict[str, str] | None", bool]
 
 
 @contextmanager
 def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_dir: Path, log_dir: Path,
                    startup_timeout_s: float) -> Iterator[dict[str, Any]]:
     """Start the bundle's server(s); yield ``{"speculative": url, "baseline": url, "servers": [...]}``; always reap."""
-    from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
-
-    launches: list[tuple[str, list[str], dict[str, str] | None]] = []
+    launches: list[Launch] = []
     backend = recipe.runtime.backend
-    if backend == "reference":
+    if backend == "vllm":
+        launches = vllm_launches(recipe, recipe_path, engine_dir)
+    elif backend == "reference":
         command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
                    "--model-name", recipe.name]
         for item in overrides:
             command += ["--set", item]
-        launches.append(("speculative+baseline", command, None))
+        launches.append(("speculative+baseline", command, None, True))
     else:
         trt = engine_dir / "trtllm"
         script = trt / "serve.sh"
@@ -51,13 +57,52 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
                 "--url/--baseline-url")
         for label, options in (("speculative", trt / "llm_api_options.yaml"), ("baseline", trt / "baseline.yaml")):
             shared = _half_memory_options(options, log_dir / f"{label}_options.yaml")
-            launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}))
+            launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}, False))
+    with _started(launches, log_dir, startup_timeout_s) as info:
+        yield info
+
+
+def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path,
+                  only: str | None = None) -> list[Launch]:
+    """(label, argv, env) of the vLLM speculative server and its baseline twin (``only``: one of them)."""
+    from ..backends.vllm import launch as vllm
+    from ..manifest import require_manifest
+
+    manifest = require_manifest(engine_dir, "build", "build")
+    artifacts = manifest.get("artifacts") or {}
+    tuned = ((manifest.get("decisions") or {}).get("tuned") or {}).get("vllm")  # the bundle's schedule, as built
+    if not artifacts.get("target_dir") or not artifacts.get("vllm_draft"):
+        raise InputError(f"{engine_dir / 'manifest.json'} names no vLLM draft overlay",
+                         fix="run `specconvert build RECIPE --force`")
+    python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
+    out = []
+    for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
+                                recipe.name, tuned):
+        if only in (None, server.label):
+            # argv ends with --host/--port, added per start (a free port each time)
+            out.append((server.label, [*server.argv, "--host", HOST], {**os.environ, **server.env}, True))
+    return out
+
+
+@contextmanager
+def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
+                startup_timeout_s: float) -> Iterator[dict[str, Any]]:
+    """One vLLM server (``label``: speculative | baseline), for ``runtime.vllm_servers: sequential``."""
+    with _started(vllm_launches(recipe, recipe_path, engine_dir, only=label), log_dir, startup_timeout_s) as info:
+        yield info
+
+
+@contextmanager
+def _started(launches: list[Launch], log_dir: Path,
+             startup_timeout_s: float) -> Iterator[dict[str, Any]]:
+    from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
+
     info: dict[str, Any] = {"servers": []}
     with ExitStack() as stack, sigterm_unwinds():
-        for label, command, env in launches:
+        for label, command, env, port_argument in launches:
             port = free_port(HOST)
             url = f"http://{HOST}:{port}"
-            if env is None:
+            if port_argument:
                 command = command + ["--port", str(port)]
             else:
                 env = {**env, "HOST": HOST, "PORT": str(port)}

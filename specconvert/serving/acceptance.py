@@ -99,3 +99,17 @@ def from_stream_chunks(tokens_per_request: Sequence[int], chunks_per_request: Se
     return Acceptance(kind=ESTIMATED, source="stream chunks", acceptance_length=tokens / steps, drafts=steps,
                       accepted_tokens=tokens - steps, requests=len(tokens_per_request),
                       reason="tokens / SSE chunks; one chunk per engine iteration assumed")
+
+
+def combine(parts: Sequence[Acceptance]) -> Acceptance | None:
+    """Counter deltas of several runs (same source) as one: drafts, tokens and per-position counts add up."""
+    got = [a for a in parts if a.available and a.drafts]
+    if not got:
+        return parts[0] if parts else None
+    width = max(len(a.per_position or []) for a in got)
+    per_pos = ([sum((a.per_position or [0.0] * width)[i] * a.drafts for a in got) for i in range(width)]
+               if width and all(a.per_position is not None for a in got) else None)
+    return from_counts(got[0].source, drafts=sum(a.drafts for a in got),
+                       draft_tokens=sum(a.draft_tokens or 0 for a in got),
+                       accepted_tokens=sum(a.accepted_tokens or 0 for a in got),
+                       accepted_per_position=per_pos, requests=sum(a.requests for a in got), kind=got[0].kind)

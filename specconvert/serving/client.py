@@ -51,6 +51,7 @@ class Completion:
     model: str | None = None
     client_s: float = 0.0  # time spent parsing events and keeping books (not reading the socket): bench's overhead figure
     events: int = 0  # SSE data events parsed
+    logprobs: Any = None  # the choice's OpenAI ``logprobs`` object, when asked for (non-streaming)
 
     def as_dict(self, with_chunks: bool = False) -> dict[str, Any]:
         out = {
@@ -126,6 +127,14 @@ class OpenAIClient:
             raise RequestFailed("malformed", f"GET /perf_metrics: expected a list, got {type(data).__name__}")
         return data
 
+    async def prometheus(self) -> str | None:
+        """``GET /metrics`` as Prometheus text (vLLM's counters); None when the route is absent or fails."""
+        try:
+            response = await asyncio.wait_for(self._http.get("/metrics"), self.request_timeout_s)
+        except (asyncio.TimeoutError, httpx.HTTPError):
+            return None
+        return response.text if response.status_code == 200 else None
+
     # ------------------------------------------------------------------ generation
 
     async def chat(self, model: str | None, messages: list[dict[str, Any]], **params: Any) -> Completion:
@@ -180,7 +189,7 @@ class OpenAIClient:
         usage = data.get("usage") or {}
         return Completion(text or "", _ids(choice.get("token_ids")), choice.get("finish_reason"),
                           usage.get("prompt_tokens"), usage.get("completion_tokens"), latency, latency, False,
-                          model=data.get("model"))
+                          model=data.get("model"), logprobs=choice.get("logprobs"))
 
     async def _stream(self, path: str, payload: dict[str, Any], chat: bool) -> Completion:
         started = time.perf_counter()

@@ -27,6 +27,7 @@ class Outcome:
     error: str | None = None
     error_kind: str | None = None
     stats: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None  # baseline only: the first divergence's logprob margin (tie or not)
 
 
 def first_divergence(spec: Completion, base: Completion) -> dict[str, Any] | None:
@@ -55,9 +56,18 @@ def _same(a: Completion, b: Completion) -> bool:
 
 def _describe_divergence(div: dict[str, Any]) -> str:
     if "token_index" in div:
-        return (f"first divergence at token {div['token_index']}: speculative {div['speculative_tokens']} "
+        text = (f"first divergence at token {div['token_index']}: speculative {div['speculative_tokens']} "
                 f"{div.get('speculative_text', '')!r} vs baseline {div['baseline_tokens']} {div.get('baseline_text', '')!r}")
-    return f"first divergence at character {div['char_index']}: {div['speculative_text']!r} vs {div['baseline_text']!r}"
+    else:
+        text = f"first divergence at character {div['char_index']}: {div['speculative_text']!r} vs {div['baseline_text']!r}"
+    diag = div.get("diagnosis")
+    if diag:
+        margin = diag.get("margin")
+        kind = {"tie": "numerical tie", "divergence": "real divergence"}.get(diag.get("class"), "not diagnosed")
+        text += f" [{kind}" + (f": baseline leads by {margin:g} nats, tie below {diag.get('tie_margin'):g}"
+                               if margin is not None and diag.get("tie_margin") is not None else "")
+        text += (f"; {diag['note']}" if diag.get("note") else "") + "]"
+    return text
 
 
 def _latency(values: list[float]) -> dict[str, Any] | None:
@@ -74,11 +84,13 @@ def evaluate(run: Any) -> dict[str, Any]:
     spec = run.spec
     rows, suites = [], [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
     checks_suite, prompts_suite = suites
-    matches = stream_ok = stream_total = 0
+    matches = stream_ok = stream_total = ties = 0
+    lossless_on = spec.lossless.mode != "off"
     stats = []
     for prompt in run.prompts:
         s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-        b = run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+        b = (run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+             if lossless_on else Outcome())  # lossless off: no baseline was asked, nothing missing
         st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
         errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
                   if o is not None and o.error]
@@ -95,12 +107,18 @@ def evaluate(run: Any) -> dict[str, Any]:
             div = first_divergence(s.completion, b.completion)
             row["exact_match"] = div is None
             row["first_divergence"] = div
-            matches += div is None
+            if div is not None and b.diagnosis:
+                div["diagnosis"] = b.diagnosis
+            tie = div is not None and (b.diagnosis or {}).get("class") == "tie"
+            row["numerical_tie"] = tie
+            ties += tie
+            matches += div is None or (tie and spec.lossless.mode != "strict")
         if s.stats:
             stats.append(s.stats)
             row["acceptance_length"] = None if s.stats["acceptance_length"] is None else round(s.stats["acceptance_length"], 4)
             single = aggregate([s.stats])
-            row["per_position_acceptance"] = single["per_position_acceptance"]
+            row["per_position_acceptance"] = single["per_position_acceptance"] or (
+                [round(p, 4) for p in s.stats["per_position"]] if s.stats.get("per_position") else None)
         if st is not None:
             stream_total += 1
             if st.completion and s.completion:
@@ -108,7 +126,8 @@ def evaluate(run: Any) -> dict[str, Any]:
                 stream_ok += row["stream_matches"]
             else:
                 row["stream_matches"] = False
-        ok = row["exact_match"] and not errors and row["stream_matches"] is not False
+        ok = ((row["exact_match"] or row.get("numerical_tie") and spec.lossless.mode != "strict" or not lossless_on)
+              and not errors and row["stream_matches"] is not False)
         problems = list(errors)
         if row["first_divergence"]:
             problems.insert(0, _describe_divergence(row["first_divergence"]))
@@ -145,12 +164,20 @@ def evaluate(run: Any) -> dict[str, Any]:
             check(f"server stayed up: {server.phase}", alive, None, None,
                   "answered every request" if alive else server.error
                   + ("; last log lines: " + " | ".join(server.log_tail[-2:]) if server.log_tail else ""))
-    check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
-          n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
-          f"{matches}/{n} prompts: speculative output equals the baseline's"
-          + ("" if fraction >= spec.lossless.min_exact_match else
-             "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
-                                          for r in rows if not r["exact_match"]), "")))
+    if lossless_on:
+        check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
+              n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
+              f"{matches}/{n} prompts: speculative output equals the baseline's"
+              + (f" ({ties} at a numerical tie: the baseline's lead < {spec.lossless.tie_margin:g} nats"
+                 + (", which fails in strict mode)" if spec.lossless.mode == "strict" else ", counted as equal)")
+                 if ties else "")
+              + ("" if fraction >= spec.lossless.min_exact_match else
+                 "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
+                                              for r in rows if not r["exact_match"]), "")))
+    engine = getattr(run, "engine_acceptance", None) or {}
+    counted = engine.get("counters")
+    if counted is not None and counted.available and counted.per_position is not None:
+        overall["per_position_acceptance"] = [round(p, 4) for p in counted.per_position]
     tau = overall["acceptance_length"]
     name = f"acceptance length >= {spec.min_acceptance_length:g}"
     measured = getattr(run, "acceptance", None)  # run-level Acceptance from the engine backend's reader
@@ -164,6 +191,10 @@ def evaluate(run: Any) -> dict[str, Any]:
             check(name, None, None, spec.min_acceptance_length, f"not measurable: {measured.reason}",
                   "enable_iter_perf_stats: true (build writes it) gives TensorRT-LLM's specDecodingStats at /metrics; "
                   "or stream at least one request (serve_test.stream: true) for the stream-chunk estimate")
+    elif tau is None and counted is not None:
+        check(name, False, None, spec.min_acceptance_length,
+              f"the engine's counters gave nothing ({counted.label})",
+              "check that the server runs with a speculative config (engine/vllm/serve.sh) and serves GET /metrics")
     elif tau is None:
         fix = ("the reference server reports acceptance at /perf_metrics; for trtllm-serve run serve-test with "
                "runtime.backend: trtllm, which reads the acceptance each TensorRT-LLM line really serves "
@@ -176,8 +207,15 @@ def evaluate(run: Any) -> dict[str, Any]:
         check(name, tau >= spec.min_acceptance_length, tau,
               spec.min_acceptance_length,
               f"tau {tau:g} over {overall['requests']} requests"
+              + (f" ({counted.label})" if counted is not None and counted.available else "")
               + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
               + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
+    verdict = getattr(run, "oracle", None)
+    if verdict is not None:
+        check("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),
+              verdict["tolerance"]["acceptance_length"], verdict["message"],
+              "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
+              if not verdict["passed"] else None)
     if spec.stream:
         check("streaming equals non-streaming", stream_total > 0 and stream_ok == stream_total, stream_ok, stream_total,
               f"{stream_ok}/{stream_total} streamed speculative outputs equal the non-streamed ones")
@@ -190,6 +228,7 @@ def evaluate(run: Any) -> dict[str, Any]:
         "prompts": n,
         "exact_match": matches,
         "exact_match_fraction": round(fraction, 4),
+        "numerical_ties": ties,
         **{k: overall[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance")},
         "acceptance_estimated": overall["estimated"],
         **({"acceptance_length": None if tau is None else round(tau, 4),

@@ -94,20 +94,33 @@ def run(
         "time": time.time(),  # a measurement is never "up to date"
     }
     max_draft_len = recipe.build.max_draft_len if recipe is not None else None
-    with stage_dir(out_dir, STAGE, inputs) as stage:
-        if url is None:
-            from ..bench.servers import recipe_servers
+    vllm = url is None and recipe.runtime.backend == "vllm"
+    counters = None
+    if vllm:
+        from ..backends.vllm import counters
 
-            servers = recipe_servers(recipe, recipe_path, overrides or [], engine_dir, stage.path, bench.startup_timeout_s)
+        # vLLM sends token ids per chunk when asked: exact tokens per chunk instead of apportioned text
+        payloads = [{**p, "return_token_ids": True} for p in payloads]
+    with stage_dir(out_dir, STAGE, inputs) as stage:
+        if vllm and recipe.runtime.vllm_servers == "sequential":
+            measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,
+                                                                  stage.path, max_draft_len, counters)
         else:
-            servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
-        with servers as started:
-            # The reference server names its models after the recipe; trtllm-serve after the target (listed).
-            default_model = recipe.name if (url is None and recipe.runtime.backend == "reference") else None
-            measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
-                                            max_draft_len=max_draft_len))
+            if url is None:
+                from ..bench.servers import recipe_servers
+
+                servers = recipe_servers(recipe, recipe_path, overrides or [], engine_dir, stage.path,
+                                         bench.startup_timeout_s)
+            else:
+                servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
+            with servers as started:
+                # The reference server and vLLM name their models after the recipe; trtllm-serve after the target.
+                default_model = recipe.name if (url is None and recipe.runtime.backend in ("reference", "vllm")) else None
+                measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
+                                                max_draft_len=max_draft_len, counters=counters))
+            server_info = started["servers"]
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
-                           servers=started["servers"])
+                           servers=server_info)
         trt = None
         if bench_script is not None:
             from ..bench.trtllm_bench import run_trtllm_bench
@@ -133,14 +146,45 @@ def run(
 # --------------------------------------------------------------------------- measuring
 
 
+def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str, Any]], recipe: Any, recipe_path: Path,
+                                  engine_dir: Path, log_dir: Path, max_draft_len: int | None,
+                                  counters: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """vLLM on a small machine: the baseline server's runs, then the speculative server's (never both up at once).
+    Without interleaving, machine drift between the two halves is not cancelled: the report says so."""
+    from ..bench.servers import vllm_server
+
+    labels = (["baseline"] if bench.compare_baseline else []) + ["speculative"]
+    parts, servers = [], []
+    for label in labels:
+        with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s) as started:
+            model = (bench.model if label == "speculative" else bench.baseline_model) or (
+                recipe.name if label == "speculative" else f"{recipe.name}-baseline")
+            parts.append(asyncio.run(_measure(bench, api, payloads, started, default_model=None,
+                                              max_draft_len=max_draft_len, counters=counters,
+                                              only=(label, model))))
+            servers += started["servers"]
+    measured = parts[0]
+    for part in parts[1:]:
+        for key in ("schedule", "runs", "records"):
+            measured[key] = measured[key] + part[key]
+        measured["endpoints"] = {**measured["endpoints"], **part["endpoints"]}
+        measured["metrics_seen"] = {**measured["metrics_seen"], **part["metrics_seen"]}
+    measured["order"] = "sequential: all baseline runs, then all speculative runs (runtime.vllm_servers)"
+    return measured, servers
+
+
 async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any],
-                   default_model: str | None, max_draft_len: int | None) -> dict[str, Any]:
+                   default_model: str | None, max_draft_len: int | None, counters: Any = None,
+                   only: tuple[str, str] | None = None) -> dict[str, Any]:
+    """``only=(label, model)``: one server is up; run that label's part of the schedule against it."""
     from contextlib import AsyncExitStack
 
     from ..serving.client import OpenAIClient
 
     levels = list(bench.concurrency)
     schedule = interleaved_schedule(levels, bench.repeats, bench.compare_baseline)
+    if only is not None:
+        schedule = [r for r in schedule if r.label == only[0]]
     async with AsyncExitStack() as stack:
         clients: dict[str, Any] = {}
 
@@ -151,7 +195,10 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 stack.push_async_callback(clients[url].aclose)
             return clients[url]
 
-        endpoints = await _endpoints(client_for, bench, api, started, default_model)
+        if only is not None:
+            endpoints = {only[0]: Endpoint(only[0], started[only[0]].rstrip("/"), only[1], api)}
+        else:
+            endpoints = await _endpoints(client_for, bench, api, started, default_model)
         metrics_seen = {label: False for label in endpoints}
         for label, endpoint in endpoints.items():
             if bench.warmup_requests:
@@ -170,12 +217,15 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 client = client_for(endpoint.base_url)
                 bar.update(task, description=run.name)
                 await drain_metrics(client)  # whatever earlier traffic left behind
+                reader = counters if (counters is not None and run.label == "speculative") else None
+                before = await reader.snapshot(client) if reader else None
                 started_at = time.time()
                 recs, duration = await run_load(client, endpoint, payloads, run.concurrency, bench.run_timeout_s,
                                                 on_done=lambda _r: bar.advance(task))
+                counted = reader.delta(before, await reader.snapshot(client), requests=len(recs)) if reader else None
                 items = await drain_metrics(client)
-                metrics_seen[run.label] = metrics_seen[run.label] or items is not None
-                runs.append(_run_entry(run, recs, duration, items, started_at, max_draft_len))
+                metrics_seen[run.label] = metrics_seen[run.label] or items is not None or counted is not None
+                runs.append(_run_entry(run, recs, duration, items, started_at, max_draft_len, counted))
                 for rec in recs:
                     records.append({"run": run.name, "label": run.label, "concurrency": run.concurrency,
                                     "repeat": run.repeat, **M.request_metrics(rec)})
@@ -216,15 +266,37 @@ async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, A
 
 
 def _run_entry(run: Run, recs: list[M.RequestRecord], duration: float, items: list[dict[str, Any]] | None,
-               started_at: float, max_draft_len: int | None) -> dict[str, Any]:
+               started_at: float, max_draft_len: int | None, counted: Any = None) -> dict[str, Any]:
     entry = {"name": run.name, "label": run.label, "concurrency": run.concurrency, "repeat": run.repeat,
              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
              "summary": M.summarize_run(recs, duration), "acceptance": None, "server_metrics_items": None,
-             "_records": recs, "_items": items}
+             "_records": recs, "_items": items, "_counted": counted}
     if run.label == "speculative":
         entry["server_metrics_items"] = len(items) if items is not None else None
-        entry["acceptance"] = (M.acceptance_from_server(items, max_draft_len) if items else None) or M.acceptance_from_chunks(recs)
+        entry["acceptance"] = _acceptance(items, recs, max_draft_len, [counted] if counted is not None else [])
     return entry
+
+
+def _acceptance(items: list[dict[str, Any]] | None, recs: list[M.RequestRecord], max_draft_len: int | None,
+                counted: list[Any]) -> dict[str, Any]:
+    """Engine counters when the backend has them (vLLM), else /perf_metrics, else the stream-chunk estimate.
+    With counters, the chunk estimate of the same requests and its error are recorded beside them."""
+    chunks = M.acceptance_from_chunks(recs)
+    if counted:
+        from ..serving.acceptance import combine
+
+        total = combine(counted)
+        if total is not None and total.available:
+            est = chunks.get("acceptance_length")
+            return {"source": total.source, "measured_by": total.label, "estimate": False,
+                    "acceptance_length": round(total.acceptance_length, 4),
+                    "acceptance_rate": (round(total.accepted_tokens / total.draft_tokens, 4)
+                                        if total.draft_tokens else None),
+                    "per_position": [round(p, 4) for p in total.per_position] if total.per_position else None,
+                    "steps": total.drafts, "requests": len([r for r in recs if r.ok]),
+                    "chunk_estimate": est,
+                    "chunk_estimate_error": round(est - total.acceptance_length, 4) if est is not None else None}
+    return (M.acceptance_from_server(items, max_draft_len) if items else None) or chunks
 
 
 # --------------------------------------------------------------------------- the report
@@ -234,7 +306,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
               servers: list[dict[str, Any]]) -> dict[str, Any]:
     runs = measured["runs"]
     levels = []
-    all_spec_records, all_spec_items, all_records = [], [], []
+    all_spec_records, all_spec_items, all_records, all_counted = [], [], [], []
     for level in measured["levels"]:
         entry: dict[str, Any] = {"concurrency": level}
         for label in ("baseline", "speculative"):
@@ -249,8 +321,9 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                 items = [it for r in mine for it in (r["_items"] or [])]
                 all_spec_records.extend(recs)
                 all_spec_items.extend(items)
-                entry["acceptance"] = ((M.acceptance_from_server(items, measured["max_draft_len"]) if items else None)
-                                      or M.acceptance_from_chunks(recs))
+                counted = [r["_counted"] for r in mine if r.get("_counted") is not None]
+                all_counted.extend(counted)
+                entry["acceptance"] = _acceptance(items, recs, measured["max_draft_len"], counted)
         pairs = []
         for repeat in range(bench.repeats):
             b = next((r for r in runs if r["label"] == "baseline" and r["concurrency"] == level and r["repeat"] == repeat), None)
@@ -259,8 +332,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                 pairs.append((b["summary"], s["summary"]))
         entry["speedup"] = M.speedups(pairs, seed=bench.seed) if pairs else None
         levels.append(entry)
-    acceptance = ((M.acceptance_from_server(all_spec_items, measured["max_draft_len"]) if all_spec_items else None)
-                  or M.acceptance_from_chunks(all_spec_records))
+    acceptance = _acceptance(all_spec_items, all_spec_records, measured["max_draft_len"], all_counted)
     gate = None
     if bench.fail_below_speedup is not None:
         medians = [(lv["concurrency"], ((lv.get("speedup") or {}).get("output_tokens_per_s") or {}).get("median")) for lv in levels]
@@ -285,6 +357,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                       for label, ep in endpoints.items()} | ({} if "baseline" in endpoints else {"baseline": None}),
         "servers": servers,
         "schedule": measured["schedule"],
+        "order": measured.get("order", "interleaved: baseline, speculative, baseline, speculative per level"),
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "levels": levels,
         "acceptance": acceptance,

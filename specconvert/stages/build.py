@@ -173,7 +173,10 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
         for engine, update in (("vllm", launch.vllm_overlay_update(aux)), ("sglang", launch.sglang_overlay_update(aux))):
             overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
         launch.write_executable(root / "vllm" / "serve.sh",
-                                launch.vllm_serve(target_dir, str(final / "vllm" / "draft"), recipe.build, recipe.runtime, title))
+                                launch.vllm_serve(target_dir, str(final / "vllm" / "draft"), recipe.build, recipe.runtime, title,
+                                                  name=recipe.name, tuned=(tuned or {}).get("vllm")))
+        launch.write_executable(root / "vllm" / "serve-baseline.sh",
+                                launch.vllm_serve_baseline(target_dir, recipe.build, recipe.runtime, title, recipe.name))
         launch.write_executable(root / "sglang" / "serve.sh",
                                 launch.sglang_serve(target_dir, str(final / "sglang" / "draft"), recipe.build, recipe.runtime,
                                                     title, tuned=(tuned or {}).get("sglang")))
@@ -237,6 +240,7 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             "trtllm_bench": str(trt / "bench.sh"),
             "trtllm_dataset": str(trt / "dataset.jsonl"),
             "vllm_serve": str(root / "vllm" / "serve.sh"),
+            "vllm_serve_baseline": str(root / "vllm" / "serve-baseline.sh"),
             "sglang_serve": str(root / "sglang" / "serve.sh"),
             "vllm_draft": str(root / "vllm" / "draft"),
             "sglang_draft": str(root / "sglang" / "draft"),

@@ -3,12 +3,15 @@
 Plan, then run: pick the servers (the reference server, which serves the
 speculative model and ``<name>-baseline`` in one process; or ``trtllm-serve`` twice,
 with the bundle's ``llm_api_options.yaml`` and then its ``baseline.yaml``, one at a
-time so both never hold GPU memory together; or ``--url`` for a running endpoint),
-start each on a free loopback port in its own process group, wait for health with
-a deadline, send every prompt greedily (speculative, speculative streamed,
-baseline), read ``/perf_metrics`` after each request, stop the server. Every
-request and the startup are bounded in time; every child is reaped, also on
-failure and Ctrl-C/SIGTERM.
+time so both never hold GPU memory together; or vLLM's OpenAI server twice, with and
+without the bundle's EAGLE-3 overlay, from ``backends.vllm``; or ``--url`` for a
+running endpoint), start each on a free loopback port in its own process group, wait
+for health with a deadline, send every prompt greedily (speculative, speculative
+streamed, baseline), read ``/perf_metrics`` after each request (or, for a backend
+with counters, their delta around it), stop the server. Every request and the
+startup are bounded in time; every child is reaped, also on failure and
+Ctrl-C/SIGTERM. A divergence is diagnosed from the baseline's top logprobs; for
+vLLM the reference decoder then checks the engine's acceptance (the oracle).
 
 Writes ``<workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl,
 server-*.log, manifest.json}`` atomically.
@@ -31,6 +34,7 @@ from ..manifest import manifest_hash, require_current_engine, require_manifest, 
 from ..prompts import load_samples
 from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
+from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
 from ..serving.urls import redact_url
@@ -75,6 +79,8 @@ class Phase:
     url_for_port: Any  # callable port -> base url (or a fixed url)
     labels: list[tuple[str, str | None]]  # (speculative|baseline, model id or None = discover)
     launch: Launch | None = None
+    counters: Any = None  # the backend's acceptance reader (module with snapshot/delta), e.g. backends.vllm.counters
+    request_extra: dict[str, Any] | None = None  # engine-specific request fields (vLLM: return_token_ids)
 
 
 @dataclass
@@ -135,6 +141,9 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
         launch = Launch(lambda p: command + ["--port", str(p)], "reference server", port=port)
         return [Phase("reference server", _local, [(SPECULATIVE, name), (BASELINE, f"{name}-baseline")], launch)], info
 
+    if recipe.runtime.backend == "vllm":
+        return _vllm_phases(recipe, recipe_path, manifest, engine, info, port)
+
     exe = shutil.which("trtllm-serve")
     if exe is None:
         raise EnvironmentMissing(
@@ -168,6 +177,33 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
     ], info
 
 
+def _vllm_phases(recipe: Any, recipe_path: Path, manifest: dict[str, Any], engine: Path, info: dict[str, Any],
+                 port: int | None) -> tuple[list[Phase], dict[str, Any]]:
+    """vLLM twice, speculative then baseline (same settings), one after the other: they never share cores or RAM."""
+    import os
+
+    from ..backends.vllm import counters
+    from ..backends.vllm import launch as vllm
+
+    artifacts = manifest.get("artifacts") or {}
+    missing = [k for k in ("target_dir", "vllm_draft") if not artifacts.get(k)]
+    if missing:
+        raise InputError(f"{engine / 'manifest.json'} lacks artifacts {', '.join(missing)}",
+                         fix="run `specconvert build RECIPE --force`")
+    python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
+    info.update(vllm_python=python, vllm_draft=artifacts["vllm_draft"], servers_mode="sequential")
+    phases = []
+    tuned = ((manifest.get("decisions") or {}).get("tuned") or {}).get("vllm")  # the bundle's schedule, as built
+    for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
+                                recipe.name, tuned):
+        name = f"vllm ({server.label})"
+        phases.append(Phase(name, _local, [(server.label, server.served_model_name)],
+                            Launch(lambda p, s=server: s.command(HOST, p), name, env={**os.environ, **server.env},
+                                   port=port),
+                            counters=counters, request_extra=vllm.REQUEST_EXTRA))
+    return phases, info
+
+
 def _fixed(url: str):
     return lambda _port: url.rstrip("/")
 
@@ -192,6 +228,9 @@ class ServeRun:
         self.metrics_available: dict[str, bool] = {}
         self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
         self.acceptance = None  # serving.acceptance.Acceptance from the backend's reader, when there is one
+        self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
+        self.engine_acceptance: dict[str, Any] | None = None
+        self.oracle: dict[str, Any] | None = None
 
     # -------------------------------------------------------------- one phase
 
@@ -302,7 +341,7 @@ class ServeRun:
                         if stopped:
                             self.results[key] = Outcome(error=f"not run: {stopped}", error_kind="skipped")
                             continue
-                        outcome = await self._one(client, label, model, prompt, stream)
+                        outcome = await self._one(client, label, model, prompt, stream, phase)
                         self.results[key] = outcome
                         if outcome.error_kind in ("connect", "incomplete", "timeout"):
                             stopped = self._stop_reason(outcome, server, record)
@@ -365,20 +404,35 @@ class ServeRun:
         return RequestFailed("malformed", f"the endpoint serves no baseline model (models: {', '.join(ids)}); "
                              "pass --baseline-url of the same target served without speculation")
 
-    async def _one(self, client: OpenAIClient, label: str, model: str, prompt: Prompt, stream: bool) -> Outcome:
+    async def _send(self, client: OpenAIClient, model: str, prompt: Prompt, max_tokens: int, stream: bool,
+                    extra: dict[str, Any] | None) -> Any:
+        params = dict(max_tokens=max_tokens, temperature=0.0, seed=0, stream=stream, extra=extra)
+        if prompt.messages is not None:
+            return await client.chat(model, prompt.messages, **params)
+        return await client.complete(model, prompt.prompt, **params)
+
+    async def _one(self, client: OpenAIClient, label: str, model: str, prompt: Prompt, stream: bool,
+                   phase: Phase | None = None) -> Outcome:
         spec = self.spec
-        params = dict(max_tokens=spec.max_tokens, temperature=0.0, seed=0, stream=stream)
         outcome = Outcome()
+        reader = phase.counters if phase is not None and label == SPECULATIVE else None
+        extra = phase.request_extra if phase is not None else None
+        before = await reader.snapshot(client) if reader else None
         try:
-            if prompt.messages is not None:
-                outcome.completion = await client.chat(model, prompt.messages, **params)
-            else:
-                outcome.completion = await client.complete(model, prompt.prompt, **params)
+            outcome.completion = await self._send(client, model, prompt, spec.max_tokens, stream, extra)
         except RequestFailed as exc:
             outcome.error, outcome.error_kind = exc.message, exc.kind
+        if reader is not None and outcome.completion is not None:
+            counted = reader.delta(before, await reader.snapshot(client), requests=1)
+            self.counted.append({"prompt_id": prompt.id, "stream": stream, "acceptance": counted,
+                                 "tokens": tokens_of(outcome.completion), "chunks": streamed_chunks(outcome.completion)})
+            if not stream and counted.available:
+                outcome.stats = per_request_stats(counted)
+        if label == BASELINE and outcome.completion is not None and spec.lossless.mode != "off":
+            outcome.diagnosis = await self._diagnose(client, model, prompt, outcome.completion, extra)
         if outcome.error_kind not in ("connect", "incomplete", "timeout"):
             entries = await self._drain(client, label)
-            if label == SPECULATIVE and not stream and entries:
+            if label == SPECULATIVE and not stream and entries and outcome.stats is None:
                 outcome.stats = request_stats(entries[-1], self.recipe.build.max_draft_len)
         completion = outcome.completion
         mark = "✓" if completion else "✗"
@@ -392,6 +446,32 @@ class ServeRun:
             "error": outcome.error, "error_kind": outcome.error_kind, "speculative_stats": outcome.stats,
         })
         return outcome
+
+    async def _diagnose(self, client: OpenAIClient, model: str, prompt: Prompt, base: Any,
+                        extra: dict[str, Any] | None) -> dict[str, Any] | None:
+        """At the first divergence from the speculative output: the baseline's top logprobs there, the margin."""
+        from ..serving import oracle
+        from ..serving.verdict import first_divergence
+
+        spec_outcome = self.results.get((SPECULATIVE, prompt.id, False))
+        if spec_outcome is None or spec_outcome.completion is None:
+            return None
+        div = first_divergence(spec_outcome.completion, base)
+        if div is None or "token_index" not in div:
+            return None
+        index = div["token_index"]
+        if index >= len(base.token_ids or []):
+            return {"token_index": index, "class": "divergence", "margin": None,
+                    "note": "one output is a prefix of the other (different length)"}
+        chat = prompt.messages is not None
+        logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
+        try:
+            probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
+        except RequestFailed as exc:
+            return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
+        spec_ids = spec_outcome.completion.token_ids or []
+        return oracle.diagnose(getattr(probe, "logprobs", None), index,
+                               spec_ids[index] if index < len(spec_ids) else None, self.spec.lossless.tie_margin)
 
     async def _drain(self, client: OpenAIClient, label: str) -> list[dict[str, Any]]:
         try:
@@ -407,6 +487,37 @@ class ServeRun:
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-").replace("--", "-")
+
+
+# ---------------------------------------------------------------------- engine acceptance and the oracle
+
+
+def _oracle_enabled(recipe: Any, url: str | None) -> bool:
+    mode = recipe.serve_test.oracle.enabled
+    if mode == "auto":
+        return url is None and recipe.runtime.backend == "vllm"
+    return mode == "on"
+
+
+def run_oracle(recipe: Any, prompts: list[Prompt], engine: Any) -> dict[str, Any]:
+    """The reference decoder on the same prompts, head and template; its verdict against the engine's counters."""
+    from ..serving import oracle
+
+    spec = recipe.serve_test
+    output.log(f"serve-test: oracle: reference decoder on {len(prompts)} prompt(s), greedy, {spec.max_tokens} tokens")
+    engine_dir = recipe.workdir_path / "engine"
+    found = None
+    if recipe.runtime.backend == "vllm":
+        from ..backends.vllm import overlay
+        from ..manifest import read_manifest
+
+        manifest = read_manifest(engine_dir) or {}
+        artifacts = manifest.get("artifacts") or {}
+        found = overlay.findings(Path(artifacts["vllm_draft"]), Path(artifacts["draft_dir"]),
+                                 (manifest.get("decisions") or {}).get("vllm_aux_layer_ids"))
+    verdict = oracle.check(engine_dir, prompts, spec.max_tokens, spec.oracle, engine, found)
+    output.check(verdict["passed"], f"oracle: {verdict['message']}")
+    return verdict
 
 
 # ---------------------------------------------------------------------- the stage
@@ -428,6 +539,11 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
         require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
     prompts = load_prompts(recipe)
     phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+    if recipe.serve_test.lossless.mode == "off":  # no baseline to compare with: do not start one
+        for phase in phases:
+            phase.labels = [(label, model) for label, model in phase.labels if label != BASELINE]
+        phases = [phase for phase in phases if phase.labels]
+    oracle_on = _oracle_enabled(recipe, url)
     final = serve_test_dir(recipe)
     inputs = {"recipe": recipe.section("serve_test", "build", "runtime"), "plan": info, "drafter": drafter,
               "prompts": [p.as_dict() for p in prompts]}
@@ -441,6 +557,9 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
                 for later in phases[index + 1:]:
                     serve.skip_phase(later, f"not run: {phase.name} did not start")
                 break
+        serve.engine_acceptance = engine_acceptance(serve.counted)
+        if oracle_on:
+            serve.oracle = run_oracle(recipe, prompts, serve.engine_acceptance["counters"])
         evaluated = evaluate(serve)
         suites = evaluated.pop("junit")
         report = {
@@ -452,6 +571,9 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
             "settings": recipe.serve_test.model_dump(mode="json"),
             **evaluated,
             "servers": [s.as_dict() for s in serve.servers],
+            "engine_acceptance": ({k: (v.as_dict() if hasattr(v, "as_dict") else v)
+                                   for k, v in serve.engine_acceptance.items()} if serve.engine_acceptance else None),
+            "oracle": serve.oracle,
             "duration_s": round(time.time() - started, 3),
         }
         _write_outputs(stage.path, final, report, suites, serve.transcripts)

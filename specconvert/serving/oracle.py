@@ -1,0 +1,222 @@
+"""The reference decoder as an oracle for an engine's acceptance, and the lossless diagnosis.
+
+Greedy EAGLE-3 acceptance is a deterministic function of (target, head, aux layers, d2t,
+norms, rope, prompt tokens): an engine that serves the same head on the same prompts
+should accept what our reference decoder accepts, up to numerics. A gap points at an
+integration bug no engine reports by itself (DESIGN §2). The comparison and the hints are
+pure functions here; :func:`reference_acceptance` runs the decoder (heavy imports inside).
+
+Lossless: at the first token where speculative and baseline output differ, the baseline's
+top logprobs say whether that position was a near-tie (a numerical flip between batch
+shapes, which bf16 engines really do) or a real divergence.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .acceptance import Acceptance, from_counts
+
+REFERENCE_SOURCE = "reference decoder (greedy, in-process)"
+
+# Why each likely cause is named, in the order they are most often the culprit.
+CAUSES = {
+    "aux_layers": "aux-layer numbering: the engine captures other target layers than the head was trained on "
+                  "(vLLM reads the top-level eagle_aux_hidden_state_layer_ids as the *input* of layer k = output id + 1; "
+                  "compare engine/vllm/draft/config.json with convert's decisions.aux_layer_ids)",
+    "d2t": "d2t: the draft-to-target vocabulary map is missing, identity or offset (draft token i must map to "
+           "i + d2t[i]; check draft_vocab_size and the d2t tensor the engine loads)",
+    "norm": "norm layout: a draft norm (final norm, hidden_norm, input_layernorm) was dropped or renamed, so the "
+            "engine runs it with its default weights",
+    "rope": "rope: the engine computes the draft's rotary embedding with other rope_theta/rope_scaling than the head "
+            "was trained with (config.json rope settings)",
+    "template": "chat template: the engine and the reference tokenise the prompts differently (a served chat template "
+                "or special tokens that differ from the tokenizer's)",
+}
+
+
+@dataclass(frozen=True)
+class OracleTolerance:
+    """Agreement bounds: |tau_engine - tau_ref| and each |rate_engine[i] - rate_ref[i]|."""
+
+    acceptance_length: float
+    per_position: float
+
+
+def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance,
+            found: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """The oracle's verdict: agreement within ``tol``, the gaps, and (on disagreement) the likely causes in order.
+    ``found``: concrete departures of the engine's files from the head (``backends.vllm.overlay.findings``),
+    named first when the verdict is a disagreement."""
+    out: dict[str, Any] = {"engine": engine.as_dict(), "reference": reference.as_dict(),
+                           "tolerance": {"acceptance_length": tol.acceptance_length, "per_position": tol.per_position}}
+    if not engine.available or not reference.available:
+        missing = "engine" if not engine.available else "reference"
+        out.update(passed=False, status="unavailable", delta=None, per_position_delta=None,
+                   message=f"no {missing} acceptance to compare ({(engine if missing == 'engine' else reference).label})",
+                   causes=[])
+        return out
+    delta = engine.acceptance_length - reference.acceptance_length
+    pos_delta = None
+    if engine.per_position is not None and reference.per_position is not None:
+        pos_delta = [None if (e is None or r is None) else round(e - r, 4)
+                     for e, r in zip(engine.per_position, reference.per_position)]
+    worst_pos = max((abs(d) for d in pos_delta or [] if d is not None), default=0.0)
+    passed = abs(delta) <= tol.acceptance_length and worst_pos <= tol.per_position
+    causes = [] if passed else likely_causes(engine, reference)
+    found = list(found or [])
+    if found and not passed:
+        causes = list(dict.fromkeys([f["cause"] for f in found if f["cause"] in CAUSES] + causes))
+    message = (f"engine tau {engine.acceptance_length:.3f} vs reference {reference.acceptance_length:.3f} "
+               f"(delta {delta:+.3f}, tolerance ±{tol.acceptance_length:g}")
+    if pos_delta is not None:
+        message += f"; per position delta {pos_delta}, tolerance ±{tol.per_position:g}"
+    message += ")"
+    if not passed:
+        if found:
+            message += ". Found in the engine's files: " + "; ".join(f["detail"] for f in found)
+        message += ". Likely causes, most likely first: " + "; ".join(CAUSES[c] for c in causes)
+    out.update(found=found, passed=passed, status="agrees" if passed else "disagrees", delta=round(delta, 4),
+               per_position_delta=pos_delta, message=message, causes=causes)
+    return out
+
+
+def likely_causes(engine: Acceptance, reference: Acceptance) -> list[str]:
+    """Order the usual suspects by the shape of the disagreement.
+
+    - The engine accepts (almost) nothing at position 0 while the reference does: the draft's
+      output is garbage to the engine, which a wrong d2t or a dropped norm does first.
+    - The engine accepts less, but not nothing: it drafts from the wrong features (aux layers)
+      or with the wrong positions (rope).
+    - The engine accepts *more*: the two did not decode the same prompts (chat template).
+    """
+    e0 = (engine.per_position or [None])[0]
+    r0 = (reference.per_position or [None])[0]
+    if engine.acceptance_length > reference.acceptance_length:
+        return ["template", "aux_layers", "rope"]
+    if e0 is not None and r0 is not None and e0 < 0.25 * r0:
+        return ["d2t", "norm", "aux_layers", "rope", "template"]
+    return ["aux_layers", "rope", "norm", "d2t", "template"]
+
+
+# ---------------------------------------------------------------------- lossless diagnosis
+
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
+def top_logprobs_at(logprobs: Any, index: int) -> list[tuple[str, float]] | None:
+    """``[(token, logprob), ...]`` best first at output position ``index`` of an OpenAI ``logprobs`` object.
+
+    Chat completions: ``{"content": [{"token", "logprob", "top_logprobs": [{"token", "logprob"}]}]}``;
+    completions: ``{"tokens": [...], "top_logprobs": [{token: logprob}, ...]}``.
+    """
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        if index >= len(content) or not isinstance(content[index], dict):
+            return None
+        entry = content[index]
+        tops = entry.get("top_logprobs") or [{"token": entry.get("token"), "logprob": entry.get("logprob")}]
+        pairs = [(str(t.get("token")), float(t["logprob"])) for t in tops
+                 if isinstance(t, dict) and isinstance(t.get("logprob"), (int, float))]
+    else:
+        tops = logprobs.get("top_logprobs")
+        if not isinstance(tops, list) or index >= len(tops) or not isinstance(tops[index], dict):
+            return None
+        pairs = [(str(k), float(v)) for k, v in tops[index].items() if isinstance(v, (int, float))]
+    return sorted(pairs, key=lambda kv: -kv[1]) or None
+
+
+def divergence_margin(tops: Sequence[tuple[str, float]], speculative_token: int | str | None = None) -> dict[str, Any]:
+    """How far the baseline's choice was ahead where the outputs split (nats, >= 0).
+
+    When the speculative token is found among the top logprobs (by ``token_id:N`` spelling or by
+    text), the margin is baseline best minus that token; otherwise it is at least the gap to the
+    last listed token, and it is labelled a lower bound.
+    """
+    best_token, best = tops[0]
+    for token, lp in tops[1:]:
+        match = _TOKEN_ID.match(token)
+        if speculative_token is not None and (
+                (match and isinstance(speculative_token, int) and int(match[1]) == speculative_token)
+                or (isinstance(speculative_token, str) and token == speculative_token)):
+            return {"margin": round(best - lp, 6), "baseline_token": best_token, "speculative_token": token,
+                    "exact": True}
+    if speculative_token is None and len(tops) > 1:
+        return {"margin": round(best - tops[1][1], 6), "baseline_token": best_token, "speculative_token": tops[1][0],
+                "exact": False, "note": "speculative token not identified: gap to the runner-up"}
+    return {"margin": round(best - tops[-1][1], 6) if len(tops) > 1 else None, "baseline_token": best_token,
+            "speculative_token": None, "exact": False,
+            "note": "the speculative token is not among the baseline's top logprobs: the margin is a lower bound"}
+
+
+def classify_divergence(margin: dict[str, Any] | None, tie_margin: float) -> str:
+    """``tie`` (margin below ``tie_margin`` nats), ``divergence``, or ``unknown`` (no logprobs)."""
+    if not margin or margin.get("margin") is None:
+        return "unknown" if not margin else "divergence"
+    if margin.get("speculative_token") is None:  # not in the top list: far behind the best
+        return "divergence"
+    return "tie" if margin["margin"] < tie_margin else "divergence"
+
+
+def diagnose(logprobs: Any, index: int, speculative_token: int | str | None, tie_margin: float) -> dict[str, Any]:
+    """The report's diagnosis of one divergence, from the baseline's OpenAI ``logprobs`` object."""
+    tops = top_logprobs_at(logprobs, index)
+    if not tops:
+        return {"token_index": index, "class": "unknown", "margin": None,
+                "note": "the baseline returned no top logprobs (OpenAI `logprobs`/`top_logprobs`)"}
+    margin = divergence_margin(tops, speculative_token)
+    return {"token_index": index, "class": classify_divergence(margin, tie_margin), "tie_margin": tie_margin,
+            "top_logprobs": [[t, round(lp, 6)] for t, lp in tops], **margin}
+
+
+# ---------------------------------------------------------------------- running the reference
+
+
+def check(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, spec: Any, engine: Acceptance,
+          found: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """Run the reference decoder (``spec``: the recipe's ``serve_test.oracle``) and compare ``engine`` with it."""
+    import time
+
+    started = time.monotonic()
+    reference, rows = reference_acceptance(engine_dir, prompts, max_tokens, device=spec.device)
+    verdict = compare(engine, reference, OracleTolerance(spec.tolerance, spec.per_position_tolerance), found)
+    verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
+    return verdict
+
+
+def reference_acceptance(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, device: str = "cpu"
+                         ) -> tuple[Acceptance, list[dict[str, Any]]]:
+    """Greedy reference decoding of ``prompts`` (``stages.serve_test.Prompt``) with the bundle's head and the
+    target's chat template; the overall acceptance and one row per prompt."""
+    from ..reference import DecodeSettings
+    from .engine import load_engine
+
+    engine = load_engine(engine_dir, "oracle", device=device)
+    try:
+        settings = DecodeSettings(max_draft_len=engine.max_draft_len, tree=engine.tree, temperature=0.0,
+                                  stop_token_ids=tuple(engine.decoder.eos_token_ids))
+        rows, drafts, accepted = [], 0, 0
+        depth = engine.max_draft_len if not engine.tree else int(engine.tree["depth"])
+        per_pos = [0] * depth
+        for prompt in prompts:
+            ids = (engine.encode(engine.render_chat(prompt.messages), chat=True) if prompt.messages is not None
+                   else engine.encode(prompt.prompt))
+            result = engine.decoder.generate(ids, max_tokens, settings)
+            steps = [r for r in result.step_records if r.kind == "spec"]
+            drafts += len(steps)
+            accepted += sum(r.accepted for r in steps)
+            for r in steps:
+                for i in range(min(r.accepted, depth)):
+                    per_pos[i] += 1
+            rows.append({"id": prompt.id, "token_ids": result.token_ids, "steps": len(steps),
+                         "acceptance_length": round(result.acceptance_length, 4),
+                         "per_position_acceptance": [round(x, 4) for x in result.per_position_acceptance]})
+    finally:
+        engine.close()
+    return from_counts(REFERENCE_SOURCE, drafts=drafts, draft_tokens=drafts * depth, accepted_tokens=accepted,
+                       accepted_per_position=per_pos, requests=len(rows)), rows

@@ -1,0 +1,81 @@
+"""The oracle's verdict and the lossless diagnosis: pure functions, canned inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from specconvert.serving import oracle
+from specconvert.serving.acceptance import from_counts, unavailable
+
+TOL = oracle.OracleTolerance(acceptance_length=0.2, per_position=0.1)
+
+
+def acc(tau_accepted: int, per_pos: list[int], drafts: int = 100):
+    return from_counts("x", drafts=drafts, draft_tokens=3 * drafts, accepted_tokens=tau_accepted,
+                       accepted_per_position=per_pos)
+
+
+@pytest.mark.parametrize("engine, reference, passed, first_cause", [
+    pytest.param(acc(150, [70, 50, 30]), acc(145, [68, 48, 29]), True, None, id="agree"),
+    pytest.param(acc(10, [8, 2, 0]), acc(150, [70, 50, 30]), False, "d2t", id="engine-accepts-nothing"),
+    pytest.param(acc(90, [50, 30, 10]), acc(150, [70, 50, 30]), False, "aux_layers", id="engine-accepts-less"),
+    pytest.param(acc(150, [70, 50, 30]), acc(100, [50, 30, 20]), False, "template", id="engine-accepts-more"),
+    pytest.param(acc(150, [85, 35, 30]), acc(150, [70, 50, 30]), False, "aux_layers", id="same-tau-other-positions"),
+])
+def test_compare(engine, reference, passed, first_cause):
+    verdict = oracle.compare(engine, reference, TOL)
+    assert verdict["passed"] is passed
+    assert (verdict["causes"][0] if verdict["causes"] else None) == first_cause
+    if not passed:
+        assert "Likely causes" in verdict["message"]
+
+
+def test_compare_without_engine_numbers_fails_and_says_so():
+    verdict = oracle.compare(unavailable("vllm counters", "GET /metrics did not answer"), acc(150, [70, 50, 30]), TOL)
+    assert verdict["passed"] is False and verdict["status"] == "unavailable"
+    assert "GET /metrics did not answer" in verdict["message"]
+
+
+CHAT = {"content": [
+    {"token": "A", "logprob": -0.1, "top_logprobs": [{"token": "A", "logprob": -0.1}]},
+    {"token": "token_id:42", "logprob": -0.70, "top_logprobs": [
+        {"token": "token_id:7", "logprob": -0.72}, {"token": "token_id:42", "logprob": -0.70},
+        {"token": "token_id:9", "logprob": -3.0}]},
+]}
+COMPLETIONS = {"tokens": ["A", " b"], "top_logprobs": [{"A": -0.1}, {" b": -0.2, " c": -1.5}]}
+
+
+@pytest.mark.parametrize("logprobs, index, expected", [
+    pytest.param(CHAT, 1, [("token_id:42", -0.70), ("token_id:7", -0.72), ("token_id:9", -3.0)], id="chat-sorted"),
+    pytest.param(COMPLETIONS, 1, [(" b", -0.2), (" c", -1.5)], id="completions"),
+    pytest.param(CHAT, 5, None, id="past-the-end"),
+    pytest.param(None, 0, None, id="no-logprobs"),
+    pytest.param({"content": None, "top_logprobs": None}, 0, None, id="nulls"),
+])
+def test_top_logprobs_at(logprobs, index, expected):
+    assert oracle.top_logprobs_at(logprobs, index) == expected
+
+
+@pytest.mark.parametrize("tops, spec_token, tie_margin, margin, kind", [
+    pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.05, 0.02, "tie", id="near-tie-by-id"),
+    pytest.param([("token_id:42", -0.10), ("token_id:7", -2.10)], 7, 0.05, 2.0, "divergence", id="real-by-id"),
+    pytest.param([(" b", -0.2), (" c", -0.21)], " c", 0.05, 0.01, "tie", id="near-tie-by-text"),
+    pytest.param([("token_id:42", -0.1), ("token_id:7", -0.11)], 999, 0.05, 0.01, "divergence",
+                 id="speculative-token-not-listed"),
+    pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.0, 0.02, "divergence", id="zero-threshold"),
+])
+def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind):
+    got = oracle.divergence_margin(tops, spec_token)
+    assert got["margin"] == pytest.approx(margin)
+    assert oracle.classify_divergence(got, tie_margin) == kind
+
+
+def test_unknown_without_logprobs():
+    assert oracle.classify_divergence(None, 0.05) == "unknown"
+
+
+def test_diagnose_reads_vllm_token_id_spelling():
+    got = oracle.diagnose(CHAT, 1, 7, 0.05)
+    assert got["class"] == "tie" and got["token_index"] == 1
+    assert got["top_logprobs"][0] == ["token_id:42", -0.7]
+    assert oracle.diagnose({"content": []}, 0, 7, 0.05)["class"] == "unknown"

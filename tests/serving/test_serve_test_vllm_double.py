@@ -1,0 +1,83 @@
+"""serve-test and bench on `runtime.backend: vllm` through a vLLM TEST DOUBLE (tests/serving/fake_vllm.py):
+the launch lines, sequential servers, counter deltas, the oracle's verdict and the reaping, in seconds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from .conftest import HERE, assert_reaped
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    exe = tmp_path / "fake-vllm-python"
+    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
+    exe.chmod(0o755)
+    log = tmp_path / "fake-vllm-argv.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
+    return exe, log
+
+
+def starts(log):
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_serve_test_on_vllm_reads_the_counters_and_the_oracle_disagrees(project, cli, fake_vllm):
+    exe, log = fake_vllm
+    result = cli("serve-test", project.recipe_path, "--set", "runtime.backend=vllm",
+                 "--set", f"runtime.vllm_python={exe}", "--set", "runtime.vllm_threads=1", "--json")
+    report = result.json()
+    # speculative, then baseline: one at a time, same settings but the speculative config
+    (spec, base) = starts(log)
+    assert json.loads(spec["argv"][spec["argv"].index("--speculative-config") + 1])["method"] == "eagle3"
+    assert "--speculative-config" not in base["argv"]
+    assert spec["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and spec["env"]["OMP_NUM_THREADS"] == "1"
+    assert_reaped([s["pid"] for s in report["servers"]])
+    counters = report["engine_acceptance"]["counters"]
+    assert counters["source"] == "measured: vllm counters" and counters["acceptance_length"] == pytest.approx(3.0)
+    assert counters["per_position_acceptance"] == [1.0, 1.0, 0.0]
+    # streamed: 1 + 3 + 3 + 3 tokens in 4 chunks -> (10 - 1) / 3 = 3: the estimate is exact here
+    assert report["engine_acceptance"]["stream_estimate"]["error"] == 0.0
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["lossless (greedy): exact match >= 1"]["passed"]
+    # The tiny random head accepts ~nothing on the reference decoder; the double claims tau 3: the oracle fails it,
+    # and an engine accepting *more* than the reference points at the prompts/template first.
+    oracle = report["oracle"]
+    assert result.code == 1 and not oracle["passed"] and oracle["causes"][0] == "template"
+    assert not checks["oracle: engine acceptance agrees with the reference decoder"]["passed"]
+
+
+def test_bench_on_vllm_runs_one_server_at_a_time_and_measures_tau_from_counters(project, cli, fake_vllm, tmp_path):
+    exe, log = fake_vllm
+    result = cli("bench", project.recipe_path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                 "--set", "bench.prompts=synthetic", "--set", "bench.num_requests=2", "--set", "bench.max_tokens=10",
+                 "--set", "bench.concurrency=[1,2]", "--set", "bench.repeats=1", "--set", "bench.warmup_requests=0",
+                 "--set", "bench.plots=false", "--json")
+    assert result.code == 0, result.stderr[-2000:]
+    report = result.json()["report"]
+    assert report["order"].startswith("sequential")
+    assert [s["label"] for s in report["servers"]] == ["baseline", "speculative"]
+    assert [("--speculative-config" in s["argv"]) for s in starts(log)] == [False, True]
+    acc = report["acceptance"]
+    assert acc["measured_by"] == "measured: vllm counters"
+    # the counters and the chunk estimate see the same steps here, short last steps included
+    assert acc["acceptance_length"] == pytest.approx(acc["chunk_estimate"], abs=1e-3)
+    assert_reaped([s["pid"] for s in report["servers"]])
+
+
+def test_bench_on_vllm_together_interleaves(project, cli, fake_vllm):
+    exe, log = fake_vllm
+    result = cli("bench", project.recipe_path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                 "--set", "runtime.vllm_servers=together", "--set", "bench.prompts=synthetic",
+                 "--set", "bench.num_requests=2", "--set", "bench.max_tokens=10", "--set", "bench.concurrency=[1]",
+                 "--set", "bench.repeats=2", "--set", "bench.warmup_requests=0", "--set", "bench.plots=false", "--json")
+    assert result.code == 0, result.stderr[-2000:]
+    report = result.json()["report"]
+    assert report["order"].startswith("interleaved")
+    assert report["schedule"] == ["baseline-c1-r0", "speculative-c1-r0", "baseline-c1-r1", "speculative-c1-r1"]
+    assert {s["label"] for s in report["servers"]} == {"speculative", "baseline"}
+    assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
+    assert_reaped([s["pid"] for s in report["servers"]])

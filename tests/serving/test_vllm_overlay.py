@@ -1,0 +1,64 @@
+"""backends.vllm.overlay.findings: concrete departures of the vLLM draft overlay from the head, one row per fault."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specconvert.backends.vllm import overlay
+from specconvert.serving import oracle
+from specconvert.serving.acceptance import from_counts
+
+AUX = [2, 15, 27]
+
+
+def head(path):
+    path.mkdir()
+    save_file({"d2t": torch.arange(4) * 3, "norm.weight": torch.full((8,), 1.5), "fc.weight": torch.ones(8, 24)},
+              str(path / "model.safetensors"))
+    return path
+
+
+def make_overlay(tmp_path, draft, config=None, tensors=None):
+    ov = tmp_path / "overlay"
+    ov.mkdir()
+    (ov / "config.json").write_text(json.dumps(config or {"eagle_aux_hidden_state_layer_ids": AUX}))
+    if tensors is None:
+        os.symlink(draft / "model.safetensors", ov / "model.safetensors")
+    else:
+        save_file(tensors, str(ov / "model.safetensors"))
+    return ov
+
+
+GOOD = {"d2t": torch.arange(4) * 3, "norm.weight": torch.full((8,), 1.5), "fc.weight": torch.ones(8, 24)}
+
+
+@pytest.mark.parametrize("config, tensors, causes", [
+    pytest.param(None, None, [], id="as-built"),
+    pytest.param(None, dict(GOOD), [], id="copied-unchanged"),
+    pytest.param({"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}, None, ["aux_layers"], id="aux-off-by-one"),
+    pytest.param({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26]}}, None, ["aux_layers"],
+                 id="aux-only-in-eagle-config"),
+    pytest.param({"eagle_aux_hidden_state_layer_ids": AUX, "norm_before_residual": True}, None, ["norm"], id="norm-layout"),
+    pytest.param(None, {**GOOD, "d2t": torch.zeros(4, dtype=torch.int64)}, ["d2t"], id="identity-d2t"),
+    pytest.param(None, {k: v for k, v in GOOD.items() if k != "norm.weight"}, ["norm"], id="norm-missing"),
+    pytest.param(None, {k: v for k, v in GOOD.items() if k != "d2t"}, ["d2t"], id="d2t-missing"),
+])
+def test_findings(tmp_path, config, tensors, causes):
+    draft = head(tmp_path / "draft")
+    ov = make_overlay(tmp_path, draft, config, tensors)
+    assert [f["cause"] for f in overlay.findings(ov, draft, AUX)] == causes
+
+
+def test_a_finding_leads_the_oracle_message():
+    engine = from_counts("x", drafts=10, draft_tokens=30, accepted_tokens=5, accepted_per_position=[4, 1, 0])
+    reference = from_counts("y", drafts=10, draft_tokens=30, accepted_tokens=29, accepted_per_position=[10, 10, 9])
+    found = [{"cause": "aux_layers", "detail": "config.json: eagle_aux_hidden_state_layer_ids [1] expected [2]"}]
+    verdict = oracle.compare(engine, reference, oracle.OracleTolerance(0.2, 0.1), found)
+    assert verdict["causes"][0] == "aux_layers" and "Found in the engine's files" in verdict["message"]
+    agree = oracle.compare(reference, reference, oracle.OracleTolerance(0.2, 0.1), found)
+    assert agree["passed"] and agree["causes"] == []
