@@ -11,10 +11,10 @@ second thread would only be throttled), never below 1.
 Then the load: CPUs other processes keep busy are not ours either. Measured on a 2-core
 machine at load average 6-9, SmolLM2 bf16 decoded at 0.56 tok/s with 2 threads and 4.97 tok/s
 with 1 (torch's intra-op threads wait for each other at every op, and one of them is always
-descheduled). So ``auto`` takes the share of the host left idle by the 1-minute load average:
-``round(cpus × (1 − min(1, load / host_cpus)))``, at least 1. The load is the host's (not
-namespaced), hence compared with the host's CPU count. It is read once, when the command
-starts. Inter-op threads are 1: the reference
+descheduled). So ``auto`` takes the share of the host that other processes leave idle, measured over a
+quarter second of /proc/stat when the command starts (the 1-minute load average would still
+count the pipeline's previous steps): ``round(cpus × (1 − min(1, busy / host_cpus)))``, at
+least 1. The reading is the host's (not namespaced), hence compared with the host's CPU count. Inter-op threads are 1: the reference
 decoder runs one graph at a time, extra pools only compete for the same cores. An explicit
 ``OMP_NUM_THREADS`` in the environment is the operator's choice and wins over ``auto``
 (torch's default honours it too); an integer setting wins over both.
@@ -114,10 +114,42 @@ def unloaded_cpus(cpus: int, load: float | None, host_cpus: int | None) -> int:
     return max(1, min(cpus, round(cpus * (1.0 - busy))))
 
 
-def host_load() -> tuple[float | None, int | None]:
-    """(1-minute load average, host CPU count), or (None, None) where the OS has no load average."""
+def busy_cpus_from_stat(before: str, after: str) -> float | None:
+    """CPUs kept busy between two readings of /proc/stat's first line (``cpu  user nice system idle iowait ...``)."""
+    def fields(line: str) -> list[int]:
+        parts = line.split()
+        return [int(x) for x in parts[1:]] if parts and parts[0] == "cpu" else []
+
+    a, b = fields(before), fields(after)
+    if len(a) < 4 or len(a) != len(b):
+        return None
+    total = sum(b) - sum(a)
+    idle = (b[3] - a[3]) + ((b[4] - a[4]) if len(b) > 4 else 0)  # idle + iowait
+    return None if total <= 0 else max(0.0, (total - idle) / total)
+
+
+def host_load(window_s: float = 0.25, stat: Path = Path("/proc/stat")) -> tuple[float | None, int | None]:
+    """(CPUs other processes keep busy now, host CPU count); (None, None) where it cannot be read.
+
+    Measured over a short window from /proc/stat rather than taken from the 1-minute load
+    average: that average still counts the steps a pipeline ran just before (a pip install,
+    the previous stage) and would leave a now idle machine at one thread. Falls back to the
+    load average where /proc/stat is missing.
+    """
+    import time
+
+    cpus = os.cpu_count()
     try:
-        return os.getloadavg()[0], os.cpu_count()
+        before = stat.read_text().splitlines()[0]
+        time.sleep(window_s)
+        after = stat.read_text().splitlines()[0]
+        share = busy_cpus_from_stat(before, after)
+        if share is not None and cpus:
+            return share * cpus, cpus
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return os.getloadavg()[0], cpus
     except (AttributeError, OSError):
         return None, None
 
@@ -171,4 +203,4 @@ def apply(setting: int | str | None) -> dict[str, Any]:
     except RuntimeError:  # already set, or parallel work already ran in this process
         interop = torch.get_num_interop_threads()
     return {"setting": "auto" if setting in (None, "auto") else setting, "intra_op": threads, "inter_op": interop,
-            "load_1min": None if load_avg is None else round(load_avg, 2), "host_cpus": host_cpus}
+            "busy_cpus_at_start": None if load_avg is None else round(load_avg, 2), "host_cpus": host_cpus}

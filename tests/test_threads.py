@@ -105,3 +105,27 @@ def test_recipe_threads_field():
     for bad in (0, True, "two", 1.5):
         with pytest.raises(Exception):
             RuntimeSpec(threads=bad)
+
+
+@pytest.mark.parametrize("before, after, expected", [
+    pytest.param("cpu  100 0 100 800 0 0 0 0 0 0", "cpu  200 0 100 900 0 0 0 0 0 0", 0.5, id="half-busy"),
+    pytest.param("cpu  100 0 100 800 0", "cpu  100 0 100 1000 0", 0.0, id="idle"),
+    pytest.param("cpu  100 0 100 800 50", "cpu  100 0 100 800 250", 0.0, id="iowait-is-idle"),
+    pytest.param("cpu  1 2 3", "cpu  1 2 3", None, id="too-short"),
+    pytest.param("cpu  100 0 100 800", "cpu  100 0 100 800", None, id="no-time-passed"),
+])
+def test_busy_share_from_proc_stat(before, after, expected):
+    from specconvert.threads import busy_cpus_from_stat
+
+    assert busy_cpus_from_stat(before, after) == expected
+
+
+def test_host_load_reads_proc_stat_not_the_load_average(tmp_path, monkeypatch):
+    from specconvert import threads
+
+    stat = tmp_path / "stat"
+    readings = iter(["cpu  0 0 0 100 0\n", "cpu  100 0 0 100 0\n"])  # fully busy in the window
+    monkeypatch.setattr(threads.Path, "read_text", lambda self: next(readings))
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an average that says idle
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    assert threads.host_load(window_s=0, stat=stat) == (2.0, 2)
