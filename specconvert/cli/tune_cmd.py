@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
 
 
@@ -20,7 +22,7 @@ def tune(
     from .serve_cmd import apply_threads
 
     apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
-    result = tune_stage.run(loaded, force=force)
+    result = tune_stage.run(loaded, force=force, recipe_path=Path(recipe))
     manifest = result.manifest
     if json_out:
         output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})

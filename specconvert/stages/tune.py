@@ -19,14 +19,15 @@ report). Engines that batch (vLLM) are measured per level by their own runner.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .. import output
-from ..errors import InputError
+from ..errors import ExternalFailure, InputError
 from ..manifest import compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
 from ..tuning import model as M
+from ..tuning.measure import Measured, measure_reference, measure_vllm, per_position, vllm_launch
 
 STAGE = "tune"
 REPORT_SCHEMA_VERSION = 1
@@ -36,38 +37,6 @@ REPORT_SCHEMA_VERSION = 1
 class TuneResult:
     manifest: dict[str, Any]
     skipped: bool
-
-
-@dataclass
-class Measured:
-    """One candidate draft length at one concurrency: what really ran."""
-
-    draft_len: int
-    concurrency: int
-    tokens: int = 0
-    steps: int = 0
-    decode_s: float = 0.0  # wall time of decoding steps (prefill excluded)
-    accepted_per_position: list[int] = field(default_factory=list)
-    identical_to_plain: bool = True
-
-    @property
-    def step_s(self) -> float:
-        return self.decode_s / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def acceptance_length(self) -> float | None:
-        return self.tokens / self.steps if self.steps else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"draft_len": self.draft_len, "concurrency": self.concurrency, "tokens": self.tokens, "steps": self.steps,
-                "decode_s": round(self.decode_s, 4), "step_s": round(self.step_s, 6),
-                "tokens_per_second": round(self.tokens_per_second, 3),
-                "acceptance_length": round(self.acceptance_length, 4) if self.acceptance_length else None,
-                "identical_to_plain": self.identical_to_plain}
 
 
 def tune_dir(recipe: Any) -> Path:
@@ -91,64 +60,80 @@ def levels(recipe: Any) -> list[int]:
     return found
 
 
-# --- the reference runtime -------------------------------------------------------------------
+# --- measuring on the recipe's runtime -----------------------------------------------------------
 
 
-def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: Sequence[int], max_new_tokens: int,
-                      on_run: Callable[[], None] | None = None) -> dict[int, Measured]:
-    """Decode every prompt with every chain length (rotating order per prompt); k = 0 is plain decoding."""
-    from ..reference.decoder import DecodeSettings
+def _samples(recipe: Any) -> list[dict[str, Any]]:
+    from ..prompts import load_samples
 
-    stop = decoder.eos_token_ids
-    out = {k: Measured(k, 1, accepted_per_position=[0] * k) for k in lengths}
-    for n, ids in enumerate(prompts):
-        order = list(lengths[n % len(lengths):]) + list(lengths[: n % len(lengths)])
-        plain_tokens: list[int] | None = None
-        results = {}
-        for k in order:
-            settings = DecodeSettings(speculative=k > 0, max_draft_len=max(k, 1), stop_token_ids=stop)
-            results[k] = decoder.generate(list(ids), max_new_tokens, settings)
-            if on_run:
-                on_run()
-        plain_tokens = results[0].token_ids if 0 in results else None
-        for k, res in results.items():
-            m = out[k]
-            decode = [s for s in res.step_records if s.kind != "prefill"]
-            m.steps += len(decode)
-            m.tokens += sum(len(s.token_ids) for s in decode)
-            m.decode_s += res.wall_time_s - res.prefill_time_s  # every phase of every step, the loop included
-            for s in decode:
-                for i in range(min(s.accepted, k)):
-                    m.accepted_per_position[i] += 1
-            if plain_tokens is not None and res.token_ids != plain_tokens:
-                m.identical_to_plain = False
-    return out
+    tune = recipe.tune
+    return load_samples(tune.prompts or recipe.bench.prompts, "tune.prompts", recipe.base_dir)[: tune.num_prompts]
 
 
 def _reference_runs(recipe: Any, convert: dict[str, Any], lengths: list[int]) -> dict[int, Measured]:
-    from ..prompts import load_samples
     from ..reference.decoder import ReferenceDecoder
     from ..training.data import prompt_ids
 
     tune = recipe.tune
-    samples = load_samples(tune.prompts or recipe.bench.prompts, "tune.prompts", recipe.base_dir)[: tune.num_prompts]
     decoder = ReferenceDecoder.from_convert_manifest(convert, device=recipe.runtime.device)
-    encoded = [prompt_ids(s, decoder.tokenizer) for s in samples]
-    total = len(encoded) * len(lengths)
+    encoded = [prompt_ids(s, decoder.tokenizer) for s in _samples(recipe)]
     output.log(f"tune: {len(encoded)} prompts x draft lengths {lengths} on the reference decoder, {tune.max_tokens} tokens each")
     with output.progress() as bar:
-        task = bar.add_task("tune: decoding", total=total)
+        task = bar.add_task("tune: decoding", total=len(encoded) * len(lengths))
         return measure_reference(decoder, encoded, lengths, tune.max_tokens, on_run=lambda: bar.advance(task))
+
+
+def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths: list[int], lvls: list[int],
+               scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
+    """One vLLM server per candidate length on a draft overlay of tune's own; runs interleaved."""
+    from ..backends import launch
+    from ..backends.vllm import launch as vllm
+
+    tune = recipe.tune
+    artifacts = convert["artifacts"]
+    aux = [int(i) for i in convert["decisions"]["aux_layer_ids"]]
+    python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
+    overlay = scratch / "vllm-draft"
+    launch.write_draft_overlay(Path(artifacts["draft_dir"]), overlay, launch.vllm_overlay_update(aux))
+    launches = {k: vllm_launch(python, artifacts["target_dir"], str(overlay), recipe.build, recipe.runtime, recipe.name, k)
+                for k in lengths}
+    samples = _samples(recipe)
+    count = max(len(samples), 2 * max(lvls))  # every level keeps its requests in flight for a while
+    payloads = []
+    for i in range(count):
+        sample = samples[i % len(samples)]
+        body = {k: sample[k] for k in ("messages", "prompt") if k in sample} or {"prompt": sample.get("text", "")}
+        payloads.append({**body, "max_tokens": tune.max_tokens, "temperature": 0.0, "stream": True,
+                         "stream_options": {"include_usage": True}, **vllm.REQUEST_EXTRA})
+    output.log(f"tune: vLLM servers for draft lengths {lengths}; {count} requests x {tune.max_tokens} tokens "
+               f"at concurrency {lvls}, interleaved")
+    with output.progress() as bar:
+        task = bar.add_task("tune: vLLM runs", total=len(lengths) * len(lvls) * tune.repeats)
+        return measure_vllm(launches, payloads, lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s,
+                            repeats=tune.repeats, on_run=lambda: bar.advance(task))
 
 
 # --- the decision ------------------------------------------------------------------------------
 
 
-def decide(runs: dict[tuple[int, int], Measured], per_position: list[float], margin: float,
+def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margin: float,
            requests_per_step: dict[int, float] | None) -> dict[str, Any]:
-    """Predicted vs measured table, per-level choice (by measured tokens/s) and the segments."""
-    step_s = {key: m.step_s for key, m in runs.items() if m.steps}
-    predicted = {(p.draft_len, p.concurrency): p for p in M.predict(per_position, step_s, requests_per_step)}
+    """Predicted vs measured table, per-level choice (by measured tokens/s) and the segments.
+
+    The prediction uses only what a user could measure cheaply: per-position acceptance of the
+    longest chain, and step costs of plain decoding and of the longest chain, interpolated in
+    between (``tuning.model.interpolate_step_costs``). Every candidate also really ran; the
+    measured tokens/s decides.
+    """
+    lengths = sorted({k for k, _ in runs})
+    top = max(lengths)
+    step_s = {}
+    for b in sorted({b for _, b in runs}):
+        plain, full = runs.get((0, b)), runs.get((top, b))
+        if plain and full and plain.steps and full.steps and top > 0:
+            costs = M.interpolate_step_costs(plain.step_s, full.step_s, top)
+            step_s.update({(k, b): costs[k] for k in lengths})
+    predicted = {(p.draft_len, p.concurrency): p for p in M.predict(acceptance, step_s, requests_per_step)}
     # A run's tokens/s is the whole engine's at that level (for the one-at-a-time reference
     # server, the single stream's is the engine's at every level).
     measured_rates = {key: m.tokens_per_second for key, m in runs.items()}
@@ -160,7 +145,8 @@ def decide(runs: dict[tuple[int, int], Measured], per_position: list[float], mar
                      "measured_tokens_per_second": round(measured_rates[(k, b)], 3),
                      "predicted_tokens_per_step": round(p.tokens_per_step, 4) if p else None,
                      "measured_tokens_per_step": round(m.acceptance_length, 4) if m.acceptance_length else None,
-                     "step_s": round(m.step_s, 6), "identical_to_plain": m.identical_to_plain})
+                     "step_s": round(m.step_s, 6), "identical_to_plain": m.identical_to_plain,
+                     "failed_requests": m.failed_requests})
     choice = M.best_per_level(measured_rates, margin)
     predicted_choice = M.best_per_level({key: p.tokens_per_second for key, p in predicted.items()}, margin)
     segments = M.schedule(choice)
@@ -203,16 +189,24 @@ def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[
     return lines
 
 
-def run(recipe: Any, force: bool = False) -> TuneResult:
+def run(recipe: Any, force: bool = False, recipe_path: Path | None = None) -> TuneResult:
     """Tune (or keep, when unchanged) ``<workdir>/tune/``; return its manifest."""
+    from ..workdir import workdir_lock
+
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, force, recipe_path)
+
+
+def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     from .build import read_convert
 
     convert = read_convert(recipe)
     backend = recipe.runtime.backend
-    if backend != "reference":
-        raise InputError(f"runtime.backend: tune measures on the reference runtime in this version, not {backend!r}",
-                         fix="run `specconvert tune RECIPE --set runtime.backend=reference`; the chosen schedule is "
-                             "written for every engine")
+    if backend not in ("reference", "vllm"):
+        raise InputError(f"runtime.backend: tune measures on the reference decoder or vLLM, not {backend!r} "
+                         "(TensorRT-LLM cannot run here)",
+                         fix="run `specconvert tune RECIPE --set runtime.backend=reference` (or vllm); the chosen "
+                             "schedule is written for every engine, TensorRT-LLM's included")
     lengths = candidate_lengths(recipe)
     lvls = levels(recipe)
     final = tune_dir(recipe)
@@ -225,46 +219,60 @@ def run(recipe: Any, force: bool = False) -> TuneResult:
             return TuneResult(existing, skipped=True)
 
     t0 = time.perf_counter()
-    measured = _reference_runs(recipe, convert, lengths)
     top = max(lengths)
-    per_position = [a / measured[top].steps for a in measured[top].accepted_per_position] if measured[top].steps else [0.0] * top
-    # One request per step at any concurrency: the level-1 measurement stands for every level.
-    runs = {(k, b): m for k, m in measured.items() for b in lvls}
-    serial = {b: 1 for b in lvls}
-    decision = decide(runs, per_position, recipe.tune.margin, serial)
-    schedules = engine_schedules(recipe, decision["segments"], decision["choice"])
-    lines = verdict_lines(decision["choice"], lengths, decision["measured_rates"])
-    for line in lines:
-        output.log(f"tune: {line}")
-    if any(not m.identical_to_plain for m in measured.values()):
-        raise InputError("tune: a speculative run's output differs from plain decoding (greedy must be lossless)",
-                         fix="run `specconvert serve-test RECIPE` to find the first divergence")
-    report = {
-        "schema_version": REPORT_SCHEMA_VERSION,
-        "runtime": backend,
-        "runtime_note": "the reference server serves one request at a time: each level's cost is concurrency 1's",
-        "candidates": lengths,
-        "concurrency": lvls,
-        "margin": recipe.tune.margin,
-        "per_position_acceptance": [round(p, 4) for p in per_position],
-        "measurements": [m.as_dict() for m in measured.values()],
-        "table": decision["rows"],
-        "choice": {str(b): k for b, k in decision["choice"].items()},
-        "predicted_choice": {str(b): k for b, k in decision["predicted_choice"].items()},
-        "segments": [s.as_dict() for s in decision["segments"]],
-        "schedules": schedules,
-        "verdict": lines,
-        "tune_s": round(time.perf_counter() - t0, 2),
-    }
+    servers: list[dict[str, Any]] = []
     with stage_dir(final, STAGE, inputs) as stage:
+        if backend == "vllm":
+            runs, servers = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert, lengths, lvls,
+                                       stage.path)
+            serial = None
+            note = ("vLLM batches: each candidate length has its own server, measured at every level, "
+                    "runs interleaved across servers")
+        else:
+            measured = _reference_runs(recipe, convert, lengths)
+            # One request per step at any concurrency: the level-1 measurement stands for every level.
+            runs = {(k, b): m for k, m in measured.items() for b in lvls}
+            serial = {b: 1 for b in lvls}
+            note = "the reference server serves one request at a time: each level's cost is concurrency 1's"
+        if any(m.failed_requests for m in runs.values()):
+            bad = sum(m.failed_requests for m in runs.values())
+            raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
+        if any(not m.identical_to_plain for m in runs.values()):
+            raise InputError("tune: a speculative run's output differs from plain decoding (greedy must be lossless)",
+                             fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        longest = [m for (k, _), m in runs.items() if k == top]
+        acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
+        decision = decide(runs, acceptance, recipe.tune.margin, serial)
+        schedules = engine_schedules(recipe, decision["segments"], decision["choice"])
+        lines = verdict_lines(decision["choice"], lengths, decision["measured_rates"])
+        for line in lines:
+            output.log(f"tune: {line}")
+        report = {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "runtime": backend,
+            "runtime_note": note,
+            "candidates": lengths,
+            "concurrency": lvls,
+            "margin": recipe.tune.margin,
+            "per_position_acceptance": [round(p, 4) for p in acceptance],
+            "measurements": [m.as_dict() for m in runs.values()],
+            "table": decision["rows"],
+            "choice": {str(b): k for b, k in decision["choice"].items()},
+            "predicted_choice": {str(b): k for b, k in decision["predicted_choice"].items()},
+            "segments": [s.as_dict() for s in decision["segments"]],
+            "schedules": schedules,
+            "verdict": lines,
+            "servers": servers,
+            "tune_s": round(time.perf_counter() - t0, 2),
+        }
         write_json_atomic(stage.path / "report.json", report)
         (stage.path / "report.md").write_text(render_markdown(report), encoding="utf-8")
         if recipe.tune.plots:
             _plot(report, stage.path / "tune.png")
-        manifest = stage.finish(schedules=schedules, segments=report["segments"], choice=report["choice"],
-                                per_position_acceptance=report["per_position_acceptance"], verdict=lines,
-                                timings={"tune_s": report["tune_s"]})
-    return TuneResult(manifest, skipped=False)
+        stage.finish(schedules=schedules, segments=report["segments"], choice=report["choice"],
+                     per_position_acceptance=report["per_position_acceptance"], verdict=lines,
+                     timings={"tune_s": report["tune_s"]})
+    return TuneResult(stage.manifest, skipped=False)
 
 
 def render_markdown(report: dict[str, Any]) -> str:

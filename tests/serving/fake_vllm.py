@@ -7,7 +7,7 @@ streamed or not) and Prometheus ``/metrics`` with the spec-decode counters (``_t
 suffix, ``engine``/``model_name``/``position`` labels) only when a speculative config was given.
 Every request generates token ids 0..max_tokens-1 (text "t0 t1 ..."): speculative and
 baseline outputs are equal. With speculation each verify step emits 3 tokens and counts one
-draft of ``num_speculative_tokens`` with 2 accepted (positions 0 and 1): tau = 3.
+draft of ``num_speculative_tokens`` with 2 accepted (positions 0 and 1): tau = 3 (a chain of 1: tau 2).
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
 """
 
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
         ids, out = list(range(n)), []
         if ids:
             out.append(ids[:1])
-        size = 3 if spec else 1
+        size = 1 + min(2, n_spec) if spec else 1  # accepts two drafts, or all of a shorter chain
         for i in range(1, n, size):
             out.append(ids[i:i + size])
             if spec:  # a short last step (max_tokens reached) accepted fewer

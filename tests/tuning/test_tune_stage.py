@@ -68,3 +68,30 @@ def test_rerun_is_skipped(tiny_recipe, capsys):
 def test_tune_refuses_an_engine_it_cannot_measure(tiny_recipe):
     _, path = tiny_recipe
     assert _cli("tune", path, "--set", "runtime.backend=trtllm") == 2
+
+
+def test_tune_on_vllm_runs_one_server_per_length_and_reads_its_counters(tiny_recipe, tmp_path, monkeypatch, capsys):
+    """Through the vLLM TEST DOUBLE (tests/serving/fake_vllm.py): a chain accepts up to 2 drafts (tau 2 for k=1, 3 above)."""
+    import sys
+
+    from tests.serving.conftest import HERE, assert_reaped
+
+    root, path = tiny_recipe
+    exe = tmp_path / "fake-vllm-python"
+    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
+    exe.chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
+    assert _cli("tune", path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=10", "--json") == 0
+    report = json.loads((root / "work" / "tune" / "report.json").read_text())
+    starts = [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+    drafted = sorted(json.loads(a[a.index("--speculative-config") + 1])["num_speculative_tokens"]
+                     if "--speculative-config" in a else 0 for a in starts)
+    assert drafted == [0, 1, 2]  # one server per candidate, k = 0 without a draft
+    assert_reaped([s["pid"] for s in report["servers"]])
+    tau = {(r["draft_len"], r["concurrency"]): r["measured_tokens_per_step"] for r in report["table"]}
+    # 10 tokens: the prefill's, then k=1 emits 2,2,2,2,1 (9 in 5 steps) and k=2 emits 3,3,3 (9 in 3 steps)
+    assert tau[(0, 1)] == pytest.approx(1.0) and tau[(1, 4)] == pytest.approx(1.8) and tau[(2, 1)] == pytest.approx(3.0)
+    assert report["per_position_acceptance"] == pytest.approx([1.0, 1.0])
+    assert report["runtime"] == "vllm" and set(report["choice"]) == {"1", "4"}

@@ -1,0 +1,166 @@
+"""Running every candidate draft length for `specconvert tune`, on the reference decoder or a served engine.
+
+Both runners fill one :class:`Measured` per (draft length, concurrency) with what really ran:
+tokens, decoding wall time, request-steps and accepted drafts per position.
+
+- Reference: in process, prompt by prompt, the order of the lengths rotating per prompt so
+  machine drift hits every candidate alike. Its server decodes one request at a time, so
+  concurrency 1 is measured and stands for every level.
+- vLLM: one server per candidate length (k = 0 is the target alone), all up together, and
+  runs interleaved level by level and length by length (A B C D A B C D ...). Acceptance comes
+  from each server's Prometheus counters, tokens from the token ids vLLM returns per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+@dataclass
+class Measured:
+    """One candidate draft length at one concurrency level: what really ran."""
+
+    draft_len: int
+    concurrency: int
+    tokens: int = 0
+    steps: int = 0  # request-steps: target forwards summed over requests (prefill excluded)
+    prefill_tokens: int = 0  # tokens in `tokens` that prefills produced (one per served request)
+    decode_s: float = 0.0  # wall time of the run (the reference: its decoding steps, prefill excluded)
+    accepted_per_position: list[float] = field(default_factory=list)
+    identical_to_plain: bool = True
+    failed_requests: int = 0
+
+    @property
+    def step_s(self) -> float:
+        """One engine step's wall time: ``concurrency`` requests advance together in a step."""
+        return self.decode_s * self.concurrency / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per request-step after the prefill (tau; 1 for plain decoding)."""
+        return (self.tokens - self.prefill_tokens) / self.steps if self.steps else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"draft_len": self.draft_len, "concurrency": self.concurrency, "tokens": self.tokens, "steps": self.steps,
+                "decode_s": round(self.decode_s, 4), "step_s": round(self.step_s, 6),
+                "tokens_per_second": round(self.tokens_per_second, 3),
+                "acceptance_length": round(self.acceptance_length, 4) if self.acceptance_length else None,
+                "identical_to_plain": self.identical_to_plain, "failed_requests": self.failed_requests}
+
+
+def per_position(m: Measured) -> list[float]:
+    """Share of request-steps whose draft position i was accepted."""
+    return [a / m.steps for a in m.accepted_per_position] if m.steps else [0.0] * len(m.accepted_per_position)
+
+
+# --- the reference decoder ---------------------------------------------------------------------
+
+
+def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: Sequence[int], max_new_tokens: int,
+                      on_run: Callable[[], None] | None = None) -> dict[int, Measured]:
+    """Decode every prompt with every chain length (rotating order per prompt); k = 0 is plain decoding."""
+    from ..reference.decoder import DecodeSettings
+
+    stop = decoder.eos_token_ids
+    out = {k: Measured(k, 1, accepted_per_position=[0] * k) for k in lengths}
+    for n, ids in enumerate(prompts):
+        order = list(lengths[n % len(lengths):]) + list(lengths[: n % len(lengths)])
+        results = {}
+        for k in order:
+            settings = DecodeSettings(speculative=k > 0, max_draft_len=max(k, 1), stop_token_ids=stop)
+            results[k] = decoder.generate(list(ids), max_new_tokens, settings)
+            if on_run:
+                on_run()
+        plain_tokens = results[0].token_ids if 0 in results else None
+        for k, res in results.items():
+            m = out[k]
+            decode = [s for s in res.step_records if s.kind != "prefill"]
+            m.steps += len(decode)
+            m.tokens += sum(len(s.token_ids) for s in decode)
+            m.decode_s += res.wall_time_s - res.prefill_time_s  # every phase of every step, the loop included
+            for s in decode:
+                for i in range(min(s.accepted, k)):
+                    m.accepted_per_position[i] += 1
+            if plain_tokens is not None and res.token_ids != plain_tokens:
+                m.identical_to_plain = False
+    return out
+
+
+# --- vLLM ----------------------------------------------------------------------------------------
+
+
+def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime: Any, name: str,
+                draft_len: int) -> tuple[list[str], dict[str, str]]:
+    """argv (without --port) and environment of a vLLM server drafting ``draft_len`` tokens (0: no draft)."""
+    from ..backends.vllm import launch as vllm
+    from ..bench.servers import HOST
+
+    build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
+    args = vllm.server_args(target_dir, overlay if draft_len else None, build_k, runtime, f"{name}-k{draft_len}")
+    return [python, "-m", vllm.MODULE, *args, "--host", HOST], {**os.environ, **vllm.server_env(runtime)}
+
+
+def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads: Sequence[dict[str, Any]],
+                 levels: Sequence[int], log_dir: Path, startup_timeout_s: float, run_timeout_s: float,
+                 repeats: int = 1, on_run: Callable[[], None] | None = None) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
+    """Start every candidate's server, then run ``payloads`` at each level on each, interleaved."""
+    from ..bench.servers import _started
+
+    out: dict[tuple[int, int], Measured] = {}
+    with ExitStack() as stack:
+        started = stack.enter_context(_started([(f"k{k}", argv, env, True) for k, (argv, env) in launches.items()],
+                                               log_dir, startup_timeout_s))
+        urls = {k: started[f"k{k}"] for k in launches}
+        asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
+        servers = started["servers"]
+    return out, servers
+
+
+async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels: Sequence[int], repeats: int,
+                run_timeout_s: float, out: dict[tuple[int, int], Measured], on_run: Callable[[], None] | None) -> None:
+    from ..backends.vllm import counters
+    from ..bench.loadgen import Endpoint, list_models, run_load
+    from ..serving.client import OpenAIClient
+
+    api = "chat" if "messages" in payloads[0] else "completions"
+    clients = {k: OpenAIClient(url, request_timeout_s=run_timeout_s, max_connections=max(levels)) for k, url in urls.items()}
+    try:
+        models = {k: (await list_models(c) or [None])[0] for k, c in clients.items()}
+        for rep in range(repeats):
+            for b in levels:
+                order = sorted(urls)
+                shift = (rep + levels.index(b)) % len(order)
+                for k in order[shift:] + order[:shift]:
+                    client = clients[k]
+                    before = await counters.snapshot(client) if k else None
+                    records, duration = await run_load(client, Endpoint(f"k{k}", urls[k], models[k], api), payloads, b,
+                                                       run_timeout_s)
+                    after = await counters.snapshot(client) if k else None
+                    m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * k))
+                    ok = [r for r in records if r.ok]
+                    m.failed_requests += len(records) - len(ok)
+                    tokens = sum(r.output_tokens for r in ok)
+                    m.tokens += tokens
+                    m.prefill_tokens += len(ok)
+                    m.decode_s += duration
+                    if k:
+                        acc = counters.delta(before, after, requests=len(ok))
+                        m.steps += int(acc.drafts or 0)
+                        for i, rate in enumerate((acc.per_position or [])[:k]):
+                            m.accepted_per_position[i] += rate * (acc.drafts or 0)
+                    else:
+                        m.steps += max(tokens - len(ok), 0)  # one token per step after the prefill's
+                    if on_run:
+                        on_run()
+    finally:
+        for c in clients.values():
+            await c.aclose()
