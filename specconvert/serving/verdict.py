@@ -181,7 +181,10 @@ def evaluate(run: Any) -> dict[str, Any]:
     tau = overall["acceptance_length"]
     name = f"acceptance length >= {spec.min_acceptance_length:g}"
     measured = getattr(run, "acceptance", None)  # run-level Acceptance from the engine backend's reader
-    if measured is not None:
+    off = getattr(run, "speculation_off", None)
+    if off:
+        check(name, None, None, spec.min_acceptance_length, f"skipped: {off}")
+    elif measured is not None:
         tau = measured.acceptance_length
         if measured.available:
             check(name, tau >= spec.min_acceptance_length, round(tau, 4), spec.min_acceptance_length,

@@ -231,6 +231,7 @@ class ServeRun:
         self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
         self.engine_acceptance: dict[str, Any] | None = None
         self.oracle: dict[str, Any] | None = None
+        self.speculation_off: str | None = None  # why acceptance is not checked: tune turned speculation off
 
     # -------------------------------------------------------------- one phase
 
@@ -492,6 +493,15 @@ def _slug(text: str) -> str:
 # ---------------------------------------------------------------------- engine acceptance and the oracle
 
 
+def _tuned_off(engine_manifest: dict[str, Any], backend: str) -> str | None:
+    """Why there is no speculation to check, when `specconvert tune` turned it off at batch 1 for this backend."""
+    tuned = ((engine_manifest.get("decisions") or {}).get("tuned") or {}).get(backend)
+    if tuned is not None and tuned.get("speculate") is False:
+        return ("`specconvert tune` measured that speculation does not pay at batch size 1 here, so the bundle "
+                f"serves the target alone on {backend} (engine/manifest.json decisions.tuned)")
+    return None
+
+
 def _oracle_enabled(recipe: Any, url: str | None) -> bool:
     mode = recipe.serve_test.oracle.enabled
     if mode == "auto":
@@ -535,15 +545,17 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
     overrides = list(overrides or [])
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
+    speculation_off = None
     if url is None:
-        require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
+        engine = require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
+        speculation_off = _tuned_off(engine, recipe.runtime.backend)
     prompts = load_prompts(recipe)
     phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
     if recipe.serve_test.lossless.mode == "off":  # no baseline to compare with: do not start one
         for phase in phases:
             phase.labels = [(label, model) for label, model in phase.labels if label != BASELINE]
         phases = [phase for phase in phases if phase.labels]
-    oracle_on = _oracle_enabled(recipe, url)
+    oracle_on = _oracle_enabled(recipe, url) and speculation_off is None
     final = serve_test_dir(recipe)
     inputs = {"recipe": recipe.section("serve_test", "build", "runtime"), "plan": info, "drafter": drafter,
               "prompts": [p.as_dict() for p in prompts]}
@@ -551,6 +563,7 @@ def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url:
     with sigterm_unwinds(), stage_dir(final, STAGE, inputs) as stage:
         serve = ServeRun(recipe, prompts, stage.path)
         serve.trtllm_version = info.get("trtllm_version")
+        serve.speculation_off = speculation_off
         for index, phase in enumerate(phases):
             serve.run_phase(phase)
             if serve.servers[-1].startup_s is None:  # no point in waiting for the next server too

@@ -87,3 +87,16 @@ def test_stale_tune_result_is_ignored_with_a_warning(converted, capsys):
     options = yaml.safe_load((root / "work" / "engine" / "trtllm" / "llm_api_options.yaml").read_text())
     assert options["speculative_config"]["max_draft_len"] == 3  # the recipe's, not the stale "off"
     assert "older convert" in capsys.readouterr().err
+
+
+def test_serve_test_skips_acceptance_when_tune_turned_speculation_off(converted, capsys):
+    root, path = converted
+    _write_tune(path, {1: 0, 4: 0})
+    assert _cli("build", path, "--no-load") == 0
+    capsys.readouterr()
+    assert _cli("serve-test", path, "--set", "serve_test.min_acceptance_length=1.5", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    check = next(c for c in report["checks"] if c["name"].startswith("acceptance length"))
+    # tau is 1 by construction: a floor of 1.5 would fail a bundle that is right not to speculate
+    assert check["passed"] is None and "specconvert tune" in check["message"]
+    assert report["status"] == "passed"
