@@ -26,16 +26,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 env: $(STAMP)
 
-# The demo serves the bundle on a real engine: vLLM's CPU build, started by serve-test and bench
-# (speculative and baseline, one after the other), checked against the reference decoder (the oracle).
+# The demo serves the bundle on a real engine: vLLM's CPU build. tune measures every draft length on it
+# (one server per length) and build writes the winner per engine; serve-test checks the tuned bundle
+# against vLLM without speculation and against the reference decoder (the oracle); bench compares it
+# with the baseline at concurrency 1 and 4.
+DEMO_VLLM = --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
 demo: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
+	# convert trains the head (data synthesis + 400 seeded training steps + held-out tau).
 	$(VENV)/bin/specconvert convert $(RECIPE)
+	$(VENV)/bin/specconvert tune $(RECIPE) $(DEMO_VLLM)
 	$(VENV)/bin/specconvert build $(RECIPE)
-	# convert trains the head (data synthesis + training + held-out tau); serve-test and bench use it.
-	$(VENV)/bin/specconvert serve-test $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
-	$(VENV)/bin/specconvert bench $(RECIPE) --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python \
-	  --set bench.num_requests=8 --set bench.max_tokens=32 --set "bench.concurrency=[1,4]" --set bench.repeats=1
+	$(VENV)/bin/specconvert serve-test $(RECIPE) $(DEMO_VLLM)
+	$(VENV)/bin/specconvert bench $(RECIPE) $(DEMO_VLLM) --set bench.max_tokens=32 --set bench.repeats=1
 
 # `vllm` tests need .venv-vllm and several CPU minutes each: `make test-vllm` runs them.
 test: $(STAMP)
