@@ -46,8 +46,8 @@ def test_serve_script_is_the_same_argv_quoted(tmp_path):
     script = tmp_path / "serve.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
-    words = shlex.split(exec_line.rstrip("\\"))
+    command = text[text.index("\nexec ") + 1:].replace("\\\n", " ")  # the exec line and its continuations
+    words = shlex.split(command)
     assert words[words.index("--model") + 1] == weird  # one argument, not split nor expanded
     # Run it with a fake python that prints its argv: the server would get exactly these.
     fake = tmp_path / "py"

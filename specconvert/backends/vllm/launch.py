@@ -66,13 +66,12 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
             "--dtype", runtime.vllm_dtype,
             "--max-model-len", str(runtime.vllm_max_model_len or build.max_seq_len),
             "--max-num-seqs", str(build.max_batch_size),
-            "--tensor-parallel-size", str(build.tensor_parallel_size),
-            "--gpu-memory-utilization", f"{runtime.vllm_memory_fraction:g}",
-            "--seed", "0"]
-    if runtime.vllm_enforce_eager:
-        args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
+            "--tensor-parallel-size", str(build.tensor_parallel_size)]
     if build.moe_expert_parallel_size > 1:
         args.append("--enable-expert-parallel")
+    args += ["--gpu-memory-utilization", f"{runtime.vllm_memory_fraction:g}", "--seed", "0"]
+    if runtime.vllm_enforce_eager:
+        args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
     if draft_dir is not None and (tuned is None or tuned["speculate"]):
         config = speculative_config(draft_dir, tuned["num_speculative_tokens"] if tuned else build.max_draft_len)
         if tuned and tuned.get("num_speculative_tokens_per_batch_size"):
