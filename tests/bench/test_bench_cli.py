@@ -53,7 +53,8 @@ def test_bench_url_writes_report_plots_and_raw_requests(cli, standin, tmp_path):
     base = [r for r in lines if r["label"] == "baseline"]
     assert all(r["chunk_tokens"] == [1, 3, 3] and r["output_tokens"] == 7 for r in spec)
     assert all(r["chunk_tokens"] == [1] * 7 for r in base)
-    assert all(0.02 <= r["ttft_s"] < 0.5 for r in lines)
+    # Lower bounds only: a loaded CI machine stretches every sleep (an upper bound of 0.5 s flaked).
+    assert all(0.02 <= r["ttft_s"] <= r["e2e_s"] for r in lines)
     # Hard lower bounds (sleeps only ever run long): two 15 ms gaps after a 20 ms first token.
     assert all(r["chunk_times_s"][-1] >= 0.02 + 2 * 0.015 for r in spec)
     assert all(r["e2e_s"] >= r["chunk_times_s"][-1] for r in lines)
