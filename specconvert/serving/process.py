@@ -14,9 +14,8 @@ import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 LOG_TAIL_LINES = 20
 
@@ -197,20 +196,11 @@ def _signal_group(pgid: int | None, sig: int) -> None:
         pass
 
 
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (so children are reaped)."""
-    import threading
+def sigterm_unwinds():
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (so children are reaped).
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    The same handler the stages use (``workdir.sigterm_as_interrupt``), so the CLI says so in one line.
+    """
+    from ..workdir import sigterm_as_interrupt
 
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return sigterm_as_interrupt()
