@@ -79,3 +79,13 @@ def test_diagnose_reads_vllm_token_id_spelling():
     assert got["class"] == "tie" and got["token_index"] == 1
     assert got["top_logprobs"][0] == ["token_id:42", -0.7]
     assert oracle.diagnose({"content": []}, 0, 7, 0.05)["class"] == "unknown"
+
+
+def test_files_that_depart_from_the_head_fail_even_when_tau_agrees():
+    """The aux list one layer early moved the overfit head's tau by only 0.16 in one CI run: within tolerance."""
+    found = [{"cause": "aux_layers", "detail": "config.json: eagle_aux_hidden_state_layer_ids [1, 15, 26], expected [2, 16, 27]"}]
+    verdict = oracle.compare(acc(285, [97, 95, 93]), acc(295, [99, 98, 96]), oracle.OracleTolerance(0.2, 0.1), found)
+    assert not verdict["passed"] and verdict["caught_by"] == ["engine files"]
+    assert verdict["causes"][0] == "aux_layers" and "found in the engine's files" in verdict["message"]
+    clean = oracle.compare(acc(285, [97, 95, 93]), acc(295, [99, 98, 96]), oracle.OracleTolerance(0.2, 0.1), [])
+    assert clean["passed"] and clean["caught_by"] == []

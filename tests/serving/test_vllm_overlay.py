@@ -59,6 +59,9 @@ def test_a_finding_leads_the_oracle_message():
     reference = from_counts("y", drafts=10, draft_tokens=30, accepted_tokens=29, accepted_per_position=[10, 10, 9])
     found = [{"cause": "aux_layers", "detail": "config.json: eagle_aux_hidden_state_layer_ids [1] expected [2]"}]
     verdict = oracle.compare(engine, reference, oracle.OracleTolerance(0.2, 0.1), found)
-    assert verdict["causes"][0] == "aux_layers" and "Found in the engine's files" in verdict["message"]
+    assert verdict["causes"][0] == "aux_layers" and "found in the engine's files" in verdict["message"]
+    # Acceptance that agrees does not excuse files that depart from the head: still a failure, named.
     agree = oracle.compare(reference, reference, oracle.OracleTolerance(0.2, 0.1), found)
-    assert agree["passed"] and agree["causes"] == []
+    assert not agree["passed"] and agree["causes"][0] == "aux_layers" and agree["caught_by"] == ["engine files"]
+    clean = oracle.compare(reference, reference, oracle.OracleTolerance(0.2, 0.1), [])
+    assert clean["passed"] and clean["causes"] == []

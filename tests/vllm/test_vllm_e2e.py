@@ -73,10 +73,15 @@ def test_the_oracle_catches_an_injected_fault(cli, vllm_python, bundle, fault):
                                   "--set", "serve_test.stream=false")
     oracle = report["oracle"]
     assert code == 1 and not oracle["passed"], oracle["message"]
-    assert oracle["delta"] < -oracle["tolerance"]["acceptance_length"]
+    if fault != "aux-shift":  # identity d2t and the norm layout drop tau by 2 or more: far beyond the tolerance
+        assert "acceptance" in oracle["caught_by"] and oracle["delta"] < -oracle["tolerance"]["acceptance_length"]
+    else:  # one layer early moved this memorising head's tau by only 0.16-0.26 across runs, around the 0.2
+        # tolerance; the comparison of the overlay with the head catches it every time
+        assert "engine files" in oracle["caught_by"]
     assert "Likely causes" in check(report, "oracle")["message"]
     # and the overlay check names the concrete cause first
     assert oracle["causes"][0] == {"aux-shift": "aux_layers", "identity-d2t": "d2t", "norm-layout": "norm"}[fault]
-    print(json.dumps({"fault": fault, "injected": what, "tau_vllm": oracle["engine"]["acceptance_length"],
+    print(json.dumps({"fault": fault, "injected": what, "caught_by": oracle["caught_by"],
+                      "tau_vllm": oracle["engine"]["acceptance_length"],
                       "tau_reference": oracle["reference"]["acceptance_length"], "causes": oracle["causes"],
                       "found": oracle["found"]}))

@@ -25,9 +25,14 @@ def findings(overlay: Path, draft_dir: Path, expected_aux_ids: list[int] | None)
         config = json.loads((overlay / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return [{"cause": "aux_layers", "detail": f"{overlay / 'config.json'} unreadable: {exc}"}]
-    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    # What vLLM runs: the top-level list, else eagle_config's, unshifted (gpu_model_runner.py,
+    # _get_eagle3_aux_layers_from_config); build writes vLLM's numbering in both.
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    where, aux = ("eagle_aux_hidden_state_layer_ids", top) if top is not None else (
+        "eagle_config.eagle_aux_hidden_state_layer_ids (vLLM's fallback: no top-level list)",
+        (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
     if expected_aux_ids is not None and aux != list(expected_aux_ids):
-        out.append({"cause": "aux_layers", "detail": f"{overlay / 'config.json'}: eagle_aux_hidden_state_layer_ids "
+        out.append({"cause": "aux_layers", "detail": f"{overlay / 'config.json'}: {where} "
                     f"{aux}, expected {list(expected_aux_ids)} (vLLM numbering: convert's aux ids + 1)"})
     for key in NORM_LAYOUT_KEYS:
         if config.get(key) or (config.get("eagle_config") or {}).get(key):
