@@ -31,6 +31,9 @@ def serve(
                                                       show_default=False)] = None,
     drafter: DrafterOpt = "eagle",
     threads: ThreadsOpt = None,
+    draft_len: Annotated[Optional[int], typer.Option(
+        "--draft-len", min=1, max=16, help="Serve a fixed chain of N drafted tokens instead of the bundle's setting "
+        "(tuned or the recipe's); bench starts such servers for its `fixed-kN` arms.", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve the bundle's reference EAGLE-3 decoder over an OpenAI-compatible HTTP API (reads <workdir>/engine/)."""
@@ -60,7 +63,7 @@ def serve(
     output.log(f"serve: torch threads {chosen['intra_op']} intra-op, {chosen['inter_op']} inter-op "
                f"(threads: {chosen['setting']})")
     with output.libraries_to_stderr():
-        engine = load_engine(engine_dir, name, device=loaded.runtime.device, drafter=drafter)
+        engine = load_engine(engine_dir, name, device=loaded.runtime.device, drafter=drafter, draft_len=draft_len)
     output.log(f"serve: http://{host}:{port}  models: {engine.model_name} (speculative, {drafter}), "
                f"{engine.baseline_name} (no speculation); device {engine.description.get('device')}")
     try:

@@ -363,8 +363,12 @@ def reference_settings(engine_dir: Path) -> tuple[dict[str, Any], dict[str, Any]
     return manifest, settings
 
 
-def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter: str = "eagle") -> ReferenceEngine:
-    """Load the reference decoder named by a bundle's ``reference/settings.json``."""
+def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter: str = "eagle",
+                draft_len: int | None = None) -> ReferenceEngine:
+    """Load the reference decoder named by a bundle's ``reference/settings.json``.
+
+    ``draft_len``: serve a fixed chain of that many drafted tokens instead of the bundle's setting
+    (bench's ``fixed-kN`` arms next to a tuned bundle)."""
     from ..reference import ReferenceDecoder
     from ..reference.decoder import resolve_device
 
@@ -379,6 +383,9 @@ def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter
                    "max_draft_len": settings.get("max_draft_len"), "tree": settings.get("tree"),
                    "target_dir": settings["target_dir"], "draft_dir": settings["draft_dir"]}
     speculate = settings.get("speculative", True) is not False
+    max_draft_len, tree = int(settings.get("max_draft_len") or 3), settings.get("tree")
+    if draft_len is not None:
+        speculate, max_draft_len, tree = True, int(draft_len), None
+        description.update(max_draft_len=max_draft_len, tree=None, fixed_draft_len=max_draft_len)
     description["speculative"] = speculate
-    return ReferenceEngine(decoder, model_name, int(settings.get("max_draft_len") or 3), settings.get("tree"), description,
-                           speculate=speculate)
+    return ReferenceEngine(decoder, model_name, max_draft_len, tree, description, speculate=speculate)
