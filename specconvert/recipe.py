@@ -316,6 +316,13 @@ class BenchSpec(_Strict):
     ignore_eos: bool = Field(False, description="Send `ignore_eos: true` so every request generates exactly `max_tokens` (vLLM, SGLang, TensorRT-LLM, reference).")
     warmup_requests: int = Field(2, ge=0, le=1000, description="Unmeasured requests sent to each endpoint before its first run.")
     compare_baseline: bool = Field(True, description="Also run the same load without speculation and report the speedup.")
+    fixed_draft_lens: Literal["auto"] | list[StrictInt] = Field(
+        "auto",
+        description="Extra arms that serve the same head with a fixed chain of N drafted tokens (`fixed-kN`), run "
+        "interleaved with the baseline and the bundle so a tuned schedule is compared with fixed settings in one run. "
+        "`auto` = `[build.max_draft_len]` (the recipe's own setting) when the bundle carries a `specconvert tune` "
+        "result, else none; `[]` = none; e.g. `[1, 2, 3]` = every chain length. Needs servers bench starts (not `--url`).",
+    )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every request; 0 = greedy.")
     seed: int = Field(0, description="Seed of prompt order, synthetic prompts and the request `seed` field.")
     model: str | None = Field(None, description="Model name for the speculative endpoint; default: the first one `GET /v1/models` lists.")
@@ -346,6 +353,12 @@ class BenchSpec(_Strict):
             raise ValueError(f"concurrency lists a level twice: {self.concurrency}")
         if self.fail_below_speedup is not None and not self.compare_baseline:
             raise ValueError("fail_below_speedup needs a baseline to compare with. Add `bench.compare_baseline: true`")
+        if self.fixed_draft_lens != "auto":
+            bad = [k for k in self.fixed_draft_lens if not 1 <= k <= 16]
+            if bad:
+                raise ValueError(f"fixed_draft_lens: chain lengths must be 1..16, got {bad} (the baseline is the 0 arm)")
+            if len(set(self.fixed_draft_lens)) != len(self.fixed_draft_lens):
+                raise ValueError(f"fixed_draft_lens lists a length twice: {self.fixed_draft_lens}")
         return self
 
 
@@ -366,11 +379,14 @@ class RuntimeSpec(_Strict):
         "refuses). Default: `.venv-vllm/bin/python` in the recipe's project or the current directory (`make "
         ".venv-vllm`), then `python3` on PATH when it imports vllm.",
     )
-    vllm_servers: Literal["sequential", "together"] = Field(
-        "sequential",
-        description="serve-test/bench start vLLM twice, speculative and baseline: `sequential` = one after the other "
-        "(a small machine: they never compete for cores or RAM); `together` = both up at once (bench interleaves "
-        "baseline and speculative runs A B A B).",
+    vllm_servers: Literal["auto", "sequential", "together"] = Field(
+        "auto",
+        description="bench starts one vLLM server per arm (speculative, baseline, `fixed-kN`; serve-test always runs "
+        "its two one after the other): "
+        "`together` = all up at once, so bench interleaves their runs A B C A B C and machine drift cancels; "
+        "`sequential` = one after the other (never two in RAM; bench's ratios then carry the drift between the "
+        "halves, and the report says so); `auto` = together when the available memory holds every server "
+        "(`vllm_kv_cache_gib` + weights + 2.5 GiB each), else sequential, with a warning.",
     )
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."

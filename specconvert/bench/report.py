@@ -25,6 +25,10 @@ DEFINITIONS = {
     "speedup": "per (baseline, speculative) run pair at one concurrency: speculative/baseline for throughput, "
     "baseline/speculative for latencies (> 1 = speculation is better); median, min-max and a bootstrap 95% interval of "
     "the median over the pairs",
+    "fixed-kN": "an arm serving the same head with a fixed chain of N drafted tokens (bench.fixed_draft_lens), "
+    "interleaved with the others; `speculative` is the bundle as built (tuned when it carries a tune result)",
+    "versus_best": "per level, runs pooled: the bundle's output tok/s / the best of the baseline and every fixed arm "
+    "(the tuning target: >= 0.97) and / the baseline's (>= 1.0)",
     "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
     "and as a share of e2e and of the mean ITL",
 }
@@ -54,6 +58,17 @@ def _acceptance_text(acc: dict[str, Any] | None) -> str:
     return f"{acc['acceptance_length']:.2f}" + (" (est.)" if acc.get("estimate") else "")
 
 
+def arm_labels(report: dict[str, Any]) -> list[str]:
+    """Every arm of a report in run order (reports before arms existed: baseline and speculative)."""
+    return [a["label"] for a in report.get("arms") or []] or ["baseline", "speculative"]
+
+
+def _side(report: dict[str, Any], label: str) -> str:
+    if label == "speculative" and any(a.get("tuned") for a in report.get("arms") or [] if a["label"] == label):
+        return "speculative (tuned)"
+    return label
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (paste into a PR)."""
     lines: list[str] = []
@@ -65,6 +80,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append(f"- speculative: `{spec_ep['model']}` at {spec_ep['url']} ({spec_ep['api']})")
     if base_ep:
         lines.append(f"- baseline: `{base_ep['model']}` at {base_ep['url']}")
+    for arm in report.get("arms") or []:
+        if arm["label"].startswith("fixed-k"):
+            ep = report["endpoints"].get(arm["label"]) or {}
+            lines.append(f"- {arm['label']}: `{ep.get('model')}` at {ep.get('url')} ({arm['setting']})")
+        elif arm["label"] == "speculative":
+            lines.append(f"- the speculative arm serves {arm['setting']}")
     prompt_desc = (f"synthetic {work.get('input_tokens')} in / {work.get('output_tokens')} out"
                    if work.get("prompts") == "synthetic" else f"`{work.get('prompts')}`, max_tokens {work.get('max_tokens')}")
     settings = report["settings"]
@@ -86,17 +107,32 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {level['concurrency']} | {_ratio(sp.get('output_tokens_per_s'))} | {_ratio(sp.get('e2e_mean'))} "
                          f"| {_ratio(sp.get('tpot_mean'))} | {_acceptance_text(level.get('acceptance'))} |")
         lines.append("")
+    if any(level.get("versus_best") for level in report["levels"]):
+        fixed = [label for label in arm_labels(report) if label.startswith("fixed-k")]
+        lines.append("### The bundle against fixed settings (output tok/s, runs of one level pooled)")
+        lines.append("")
+        lines.append("| concurrency | baseline | " + " | ".join(fixed) + f" | {_side(report, 'speculative')} | "
+                     "vs best other | vs baseline |")
+        lines.append("|---:|" + "---:|" * (len(fixed) + 4))
+        for level in report["levels"]:
+            vb = level.get("versus_best") or {}
+            cells = [_num((level.get(label) or {}).get("output_tokens_per_s"), 1)
+                     for label in ["baseline", *fixed, "speculative"]]
+            best = f"{vb['ratio_to_best_other']:.3f}× ({vb['best_other']})" if vb.get("ratio_to_best_other") else "–"
+            base = f"{vb['ratio_to_baseline']:.3f}×" if vb.get("ratio_to_baseline") else "–"
+            lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + f" | {best} | {base} |")
+        lines.append("")
     lines.append("### Latency and throughput (runs of one level pooled; ms)")
     lines.append("")
     lines.append("| side | conc. | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | tok/s | tok/s/user | req/s | failed |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for level in report["levels"]:
-        for label in ("baseline", "speculative"):
+        for label in arm_labels(report):
             s = level.get(label)
             if not s:
                 continue
             lines.append(
-                f"| {label} | {level['concurrency']} | {_ms(s['ttft_s']['p50'])} | {_ms(s['ttft_s']['p99'])} | "
+                f"| {_side(report, label)} | {level['concurrency']} | {_ms(s['ttft_s']['p50'])} | {_ms(s['ttft_s']['p99'])} | "
                 f"{_ms(s['tpot_s']['p50'])} | {_ms(s['tpot_s']['p99'])} | {_ms(s['itl_s']['p50'])} | {_ms(s['itl_s']['p99'])} | "
                 f"{_ms(s['e2e_s']['p50'])} | {_ms(s['e2e_s']['p99'])} | {_num(s['output_tokens_per_s'], 1)} | "
                 f"{_num(s['output_tokens_per_s_per_user']['mean'], 1)} | {_num(s['requests_per_s'], 2)} | {s['failed']} |")
@@ -154,10 +190,13 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
     levels = report["levels"]
     xs = [lv["concurrency"] for lv in levels]
     colors = {"baseline": "tab:gray", "speculative": "tab:green"}
+    palette = iter(["tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:blue", "tab:red"])
+    for label in arm_labels(report):
+        colors.setdefault(label, next(palette, "black"))
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (key, title) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))):
-        for label in ("baseline", "speculative"):
+        for label in arm_labels(report):
             if not any(lv.get(label) for lv in levels):
                 continue
             for q, style in (("p50", "-o"), ("p99", "--x")):
@@ -245,15 +284,30 @@ def print_summary(report: dict[str, Any]) -> None:
     table = Table(title="specconvert bench", title_justify="left")
     for col in ("conc.", "side", "TTFT p50 ms", "TPOT p50 ms", "E2E p99 ms", "tok/s", "speedup", "τ"):
         table.add_column(col, justify="right")
+    short = {"speculative": "spec", "baseline": "base"}
+    if any(a.get("tuned") for a in report.get("arms") or []):
+        short["speculative"] = "tuned"
     for level in report["levels"]:
-        for label in ("baseline", "speculative"):
+        for label in arm_labels(report):
             s = level.get(label)
             if not s:
                 continue
-            ratio = (level.get("speedup") or {}).get("output_tokens_per_s") or {}
-            speed = f"{ratio['median']:.2f}×" if label == "speculative" and ratio.get("median") is not None else ""
-            acc = _acceptance_text(level.get("acceptance")) if label == "speculative" else ""
-            table.add_row(str(level["concurrency"]), "spec" if label == "speculative" else "base", _ms(s["ttft_s"]["p50"]), _ms(s["tpot_s"]["p50"]),
-                          _ms(s["e2e_s"]["p99"]), _num(s["output_tokens_per_s"], 1), speed, acc)
-    Console(highlight=False, soft_wrap=True).print(table)
+            if label == "speculative":
+                ratio = (level.get("speedup") or {}).get("output_tokens_per_s") or {}
+                acc = _acceptance_text(level.get("acceptance"))
+            else:
+                arm = (level.get("fixed") or {}).get(label) or {}
+                ratio = (arm.get("speedup") or {}).get("output_tokens_per_s") or {}
+                acc = _acceptance_text(arm.get("acceptance"))
+            speed = f"{ratio['median']:.2f}×" if label != "baseline" and ratio.get("median") is not None else ""
+            table.add_row(str(level["concurrency"]), short.get(label, label), _ms(s["ttft_s"]["p50"]), _ms(s["tpot_s"]["p50"]),
+                          _ms(s["e2e_s"]["p99"]), _num(s["output_tokens_per_s"], 1), speed, acc if label != "baseline" else "")
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    for level in report["levels"]:
+        vb = level.get("versus_best")
+        if vb:
+            console.print(f"concurrency {level['concurrency']}: {short['speculative']} {vb['speculative_output_tokens_per_s']:.1f} "
+                          f"tok/s = {vb['ratio_to_best_other']:.3f}× the best other arm ({vb['best_other']}), "
+                          + (f"{vb['ratio_to_baseline']:.3f}× the baseline" if vb.get("ratio_to_baseline") else "no baseline"))
 

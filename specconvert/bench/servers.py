@@ -3,13 +3,18 @@
 - reference backend: one ``specconvert serve RECIPE`` process; it serves ``<name>``
   (speculative) and ``<name>-baseline`` (plain target) from the same decoder.
 - trtllm backend: the bundle's ``trtllm/serve.sh`` twice, speculative and with
-  ``OPTIONS=baseline.yaml``, both up at once so runs can interleave; each gets half of
-  the bundle's ``kv_cache_config.free_gpu_memory_fraction`` (derived option files
+  ``OPTIONS=baseline.yaml``, all up at once so runs can interleave; each gets an equal share
+  of the bundle's ``kv_cache_config.free_gpu_memory_fraction`` (derived option files
   written into the bench directory).
 - vllm backend: ``python -m vllm.entrypoints.openai.api_server`` twice, speculative and
   baseline, argv from ``backends.vllm.launch`` (the same the bundle's serve scripts hold).
-  ``runtime.vllm_servers: together`` starts both here; ``sequential`` (the default) has the
+  When ``runtime.vllm_servers`` resolves to ``together`` all start here; ``sequential`` has the
   bench stage start one at a time through :func:`vllm_server`.
+
+``fixed`` (bench's ``fixed-kN`` arms): one more server per length N, serving the same head with
+a fixed chain of N: ``serve --draft-len N`` (reference), a ``--speculative-config`` with
+``num_speculative_tokens: N`` and no per-batch schedule (vLLM), an options file with
+``max_draft_len: N`` and no ``draft_len_schedule`` (TensorRT-LLM).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import shutil
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .. import output
 from ..errors import ExternalFailure, InputError
@@ -29,20 +34,29 @@ HOST = "127.0.0.1"
 Launch = tuple[str, list[str], "dict[str, str] | None", bool]
 
 
+def fixed_label(draft_len: int) -> str:
+    return f"fixed-k{draft_len}"
+
+
 @contextmanager
 def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_dir: Path, log_dir: Path,
-                   startup_timeout_s: float) -> Iterator[dict[str, Any]]:
-    """Start the bundle's server(s); yield ``{"speculative": url, "baseline": url, "servers": [...]}``; always reap."""
+                   startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
+    """Start the bundle's server(s); yield ``{"speculative": url, "baseline": url, "fixed-kN": url, "servers": [...]}``;
+    always reap."""
     launches: list[Launch] = []
     backend = recipe.runtime.backend
     if backend == "vllm":
-        launches = vllm_launches(recipe, recipe_path, engine_dir)
+        launches = vllm_launches(recipe, recipe_path, engine_dir, fixed)
     elif backend == "reference":
         command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
                    "--model-name", recipe.name]
         for item in overrides:
             command += ["--set", item]
         launches.append(("speculative+baseline", command, None, True))
+        for n in fixed:
+            fixed_command = [*command, "--draft-len", str(n)]
+            fixed_command[fixed_command.index("--model-name") + 1] = f"{recipe.name}-k{n}"
+            launches.append((fixed_label(n), fixed_command, None, True))
     else:
         trt = engine_dir / "trtllm"
         script = trt / "serve.sh"
@@ -55,16 +69,19 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
                 "trtllm-serve is not on PATH (runtime.backend: trtllm)",
                 fix="run bench inside NVIDIA's TensorRT-LLM container, or start the servers yourself and pass "
                 "--url/--baseline-url")
-        for label, options in (("speculative", trt / "llm_api_options.yaml"), ("baseline", trt / "baseline.yaml")):
-            shared = _half_memory_options(options, log_dir / f"{label}_options.yaml")
+        arms = [("speculative", trt / "llm_api_options.yaml", None), ("baseline", trt / "baseline.yaml", None)]
+        arms += [(fixed_label(n), trt / "llm_api_options.yaml", n) for n in fixed]
+        for label, options, draft_len in arms:
+            shared = _shared_memory_options(options, log_dir / f"{label}_options.yaml", len(arms), draft_len)
             launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}, False))
     with _started(launches, log_dir, startup_timeout_s) as info:
         yield info
 
 
-def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path,
+def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Sequence[int] = (),
                   only: str | None = None) -> list[Launch]:
-    """(label, argv, env) of the vLLM speculative server and its baseline twin (``only``: one of them)."""
+    """(label, argv, env) of the vLLM speculative server, its baseline twin and the ``fixed`` arms
+    (``only``: one of them)."""
     from ..backends.vllm import launch as vllm
     from ..manifest import require_manifest
 
@@ -76,8 +93,15 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path,
                          fix="run `specconvert build RECIPE --force`")
     python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
     out = []
-    for server in vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
-                                recipe.name, tuned):
+    servers = vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
+                            recipe.name, tuned)
+    for n in fixed:
+        build_n = recipe.build.model_copy(update={"max_draft_len": n})
+        args = vllm.server_args(artifacts["target_dir"], artifacts["vllm_draft"], build_n, recipe.runtime,
+                                f"{recipe.name}-k{n}")
+        servers.append(vllm.ServerLaunch(fixed_label(n), [python, "-m", vllm.MODULE, *args],
+                                         vllm.server_env(recipe.runtime), f"{recipe.name}-k{n}"))
+    for server in servers:
         if only in (None, server.label):
             # argv ends with --host/--port, added per start (a free port each time)
             out.append((server.label, [*server.argv, "--host", HOST], {**os.environ, **server.env}, True))
@@ -86,15 +110,27 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path,
 
 @contextmanager
 def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
-                startup_timeout_s: float) -> Iterator[dict[str, Any]]:
-    """One vLLM server (``label``: speculative | baseline), for ``runtime.vllm_servers: sequential``."""
-    with _started(vllm_launches(recipe, recipe_path, engine_dir, only=label), log_dir, startup_timeout_s) as info:
+                startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
+    """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
+    with _started(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir, startup_timeout_s) as info:
         yield info
 
 
+def vllm_together(recipe: Any, engine_dir: Path, servers: int) -> tuple[bool, str]:
+    """Whether ``servers`` vLLM servers go up at once (``runtime.vllm_servers``; ``auto`` checks the RAM), and why."""
+    from ..backends.vllm import memory
+    from ..manifest import require_manifest
+
+    artifacts = require_manifest(engine_dir, "build", "build").get("artifacts") or {}
+    weights = memory.weights_gib([artifacts.get("target_dir"), artifacts.get("vllm_draft")])
+    mode, why = memory.choose(recipe.runtime.vllm_servers, servers,
+                              memory.server_gib(recipe.runtime.vllm_kv_cache_gib, weights), memory.available_gib())
+    return mode == "together", why
+
+
 @contextmanager
-def _started(launches: list[Launch], log_dir: Path,
-             startup_timeout_s: float) -> Iterator[dict[str, Any]]:
+def _started(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
+             stage: str = "bench") -> Iterator[dict[str, Any]]:
     from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
 
     info: dict[str, Any] = {"servers": []}
@@ -107,14 +143,14 @@ def _started(launches: list[Launch], log_dir: Path,
             else:
                 env = {**env, "HOST": HOST, "PORT": str(port)}
             log_path = log_dir / f"server-{label.replace('+', '-')}.log"
-            output.log(f"bench: starting {label} server on {url}")
+            output.log(f"{stage}: starting {label} server on {url}")
             server = stack.enter_context(ServerProcess(command, url, log_path, env=env, name=f"{label} server"))
             try:
                 took = server.wait_healthy(startup_timeout_s)
             except ServerStartError as exc:
                 tail = "; ".join(exc.log_tail[-3:])
-                raise ExternalFailure(f"bench: {exc}" + (f" (log: {tail})" if tail else ""),
-                                      fix=f"see {log_path}; raise bench.startup_timeout_s if it was still loading") from None
+                raise ExternalFailure(f"{stage}: {exc}" + (f" (log: {tail})" if tail else ""),
+                                      fix=f"see {log_path}; raise {stage}.startup_timeout_s if it was still loading") from None
             info["servers"].append({"label": label, "url": url, "pid": server.pid, "command": command, "log": str(log_path),
                                     "startup_s": round(took, 2)})
             for side in label.split("+"):
@@ -122,14 +158,20 @@ def _started(launches: list[Launch], log_dir: Path,
         yield info
 
 
-def _half_memory_options(source: Path, dest: Path) -> Path:
-    """A copy of an options file with half its KV-cache memory fraction (two servers share the GPU)."""
+def _shared_memory_options(source: Path, dest: Path, servers: int, draft_len: int | None = None) -> Path:
+    """A copy of an options file with 1/``servers`` of its KV-cache memory fraction (the servers share the GPU);
+    ``draft_len``: a fixed chain of that length (``max_draft_len``, no ``draft_len_schedule``)."""
     import yaml
 
     data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
     kv = dict(data.get("kv_cache_config") or {})
-    kv["free_gpu_memory_fraction"] = round(float(kv.get("free_gpu_memory_fraction", 0.9)) / 2, 3)
+    kv["free_gpu_memory_fraction"] = round(float(kv.get("free_gpu_memory_fraction", 0.9)) / servers, 3)
     data["kv_cache_config"] = kv
+    if draft_len is not None:
+        spec = dict(data.get("speculative_config") or {})
+        spec.pop("draft_len_schedule", None)
+        spec["max_draft_len"] = int(draft_len)
+        data["speculative_config"] = spec
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return dest

@@ -23,7 +23,7 @@ SYNTHETIC = "synthetic"
 class Run:
     """One measured run: one endpoint at one concurrency level, repeat ``repeat`` of that level."""
 
-    label: str  # "baseline" | "speculative"
+    label: str  # "baseline" | "speculative" | "fixed-kN"
     concurrency: int
     repeat: int
 
@@ -32,14 +32,19 @@ class Run:
         return f"{self.label}-c{self.concurrency}-r{self.repeat}"
 
 
-def interleaved_schedule(levels: list[int], repeats: int, compare_baseline: bool) -> list[Run]:
-    """Per level: baseline, speculative, baseline, speculative, ... so slow machine drift hits both alike."""
+def arm_labels(compare_baseline: bool, fixed_labels: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The arms of one bench, in run order: baseline, the fixed chains, the bundle's setting."""
+    return (["baseline"] if compare_baseline else []) + list(fixed_labels) + ["speculative"]
+
+
+def interleaved_schedule(levels: list[int], repeats: int, compare_baseline: bool,
+                         fixed_labels: list[str] | tuple[str, ...] = ()) -> list[Run]:
+    """Per level: baseline, [fixed-k1, ...,] speculative, then again, ``repeats`` times, so slow machine drift
+    hits every arm alike."""
     order: list[Run] = []
     for level in levels:
         for repeat in range(repeats):
-            if compare_baseline:
-                order.append(Run("baseline", level, repeat))
-            order.append(Run("speculative", level, repeat))
+            order += [Run(label, level, repeat) for label in arm_labels(compare_baseline, fixed_labels)]
     return order
 
 

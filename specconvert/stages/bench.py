@@ -5,6 +5,11 @@ recipe's bundle. Per concurrency level the runs alternate baseline, speculative,
 baseline, speculative (``bench.repeats`` pairs) so machine drift hits both sides
 alike; the speedup is summarised over the pairs. Everything is written through
 ``manifest.stage_dir`` so a crashed bench leaves the previous report intact.
+
+Arms: besides the baseline and the bundle (``speculative``: tuned when the bundle carries a
+`specconvert tune` result), ``bench.fixed_draft_lens`` adds ``fixed-kN`` servers that draft a
+fixed chain of N; they join the same interleaved order (baseline, fixed-k.., speculative), and
+each level reports the bundle against the best of the baseline and every fixed arm.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from .. import __version__, output
 from ..bench import metrics as M
 from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stream_request
 from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
-from ..bench.workload import Run, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
+from ..bench.workload import Run, arm_labels, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
 from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import manifest_hash, read_manifest, require_current_engine, require_manifest, stage_dir, write_json_atomic
 from ..serving.urls import redact_url
@@ -83,6 +88,9 @@ def run(
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url (the speculative endpoint)", fix="pass both, or neither")
 
+    fixed = fixed_draft_lens(bench, recipe, engine_manifest, url)
+    fixed_labels = [f"fixed-k{n}" for n in fixed]
+    tuned = bool(engine_manifest and (engine_manifest.get("decisions") or {}).get("tuned"))
     loaded = load_prompt_samples(bench.prompts, base_dir) if bench.prompts != "synthetic" else None
     api = resolve_api(bench.api, loaded[0] if loaded else None)
     payloads, workload = build_payloads(bench, base_dir, api, loaded)
@@ -94,6 +102,7 @@ def run(
         "time": time.time(),  # a measurement is never "up to date"
     }
     max_draft_len = recipe.build.max_draft_len if recipe is not None else None
+    draft_lens = {"speculative": max_draft_len, **{f"fixed-k{n}": n for n in fixed}}
     vllm = url is None and recipe.runtime.backend == "vllm"
     counters = None
     if vllm:
@@ -101,26 +110,36 @@ def run(
 
         # vLLM sends token ids per chunk when asked: exact tokens per chunk instead of apportioned text
         payloads = [{**p, "return_token_ids": True} for p in payloads]
+    together, why = True, None
+    if vllm:
+        from ..bench.servers import vllm_together
+
+        together, why = vllm_together(recipe, engine_dir, len(arm_labels(bench.compare_baseline, fixed_labels)))
+        if not together and recipe.runtime.vllm_servers == "auto":
+            output.warn(f"bench: {why}: the vLLM servers run one after the other, so machine drift between them is not "
+                        "cancelled (runtime.vllm_servers: together forces them up at once)")
     with stage_dir(out_dir, STAGE, inputs) as stage:
-        if vllm and recipe.runtime.vllm_servers == "sequential":
+        if not together:
             measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,
-                                                                  stage.path, max_draft_len, counters)
+                                                                  stage.path, draft_lens, counters, fixed)
         else:
             if url is None:
                 from ..bench.servers import recipe_servers
 
                 servers = recipe_servers(recipe, recipe_path, overrides or [], engine_dir, stage.path,
-                                         bench.startup_timeout_s)
+                                         bench.startup_timeout_s, fixed)
             else:
                 servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
             with servers as started:
                 # The reference server and vLLM name their models after the recipe; trtllm-serve after the target.
                 default_model = recipe.name if (url is None and recipe.runtime.backend in ("reference", "vllm")) else None
                 measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
-                                                max_draft_len=max_draft_len, counters=counters))
+                                                draft_lens=draft_lens, counters=counters, fixed_labels=fixed_labels))
             server_info = started["servers"]
+        if why:
+            measured["servers_together"] = {"together": together, "why": why}
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
-                           servers=server_info)
+                           servers=server_info, tuned=tuned, fixed=fixed)
         trt = None
         if bench_script is not None:
             from ..bench.trtllm_bench import run_trtllm_bench
@@ -143,25 +162,41 @@ def run(
     return BenchResult(report, out_dir, final)
 
 
+def fixed_draft_lens(bench: Any, recipe: Any, engine_manifest: dict[str, Any] | None, url: str | None) -> list[int]:
+    """The ``fixed-kN`` arms: ``bench.fixed_draft_lens``, where ``auto`` = the recipe's own chain next to a tuned bundle."""
+    if bench.fixed_draft_lens == "auto":
+        tuned = (engine_manifest or {}).get("decisions", {}).get("tuned") if engine_manifest else None
+        return [recipe.build.max_draft_len] if (url is None and recipe is not None and tuned) else []
+    lens = list(bench.fixed_draft_lens)
+    if lens and url is not None:
+        raise InputError(f"bench.fixed_draft_lens {lens}: fixed-length arms are servers bench starts itself, and "
+                         "--url benches a server you started", fix="drop --url (bench starts the bundle's servers), "
+                         "or --set bench.fixed_draft_lens=[]")
+    return lens
+
+
 # --------------------------------------------------------------------------- measuring
 
 
 def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str, Any]], recipe: Any, recipe_path: Path,
-                                  engine_dir: Path, log_dir: Path, max_draft_len: int | None,
-                                  counters: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """vLLM on a small machine: the baseline server's runs, then the speculative server's (never both up at once).
-    Without interleaving, machine drift between the two halves is not cancelled: the report says so."""
-    from ..bench.servers import vllm_server
+                                  engine_dir: Path, log_dir: Path, draft_lens: dict[str, int | None],
+                                  counters: Any, fixed: list[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """vLLM on a small machine: the baseline server's runs, then each other arm's (never two up at once).
+    Without interleaving, machine drift between the parts is not cancelled: the report says so."""
+    from ..bench.servers import fixed_label, vllm_server
 
-    labels = (["baseline"] if bench.compare_baseline else []) + ["speculative"]
+    labels = arm_labels(bench.compare_baseline, [fixed_label(n) for n in fixed])
     parts, servers = [], []
     for label in labels:
-        with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s) as started:
-            model = (bench.model if label == "speculative" else bench.baseline_model) or (
-                recipe.name if label == "speculative" else f"{recipe.name}-baseline")
+        with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s, fixed) as started:
+            if label.startswith("fixed-k"):
+                model = f"{recipe.name}-k{label[len('fixed-k'):]}"
+            else:
+                model = (bench.model if label == "speculative" else bench.baseline_model) or (
+                    recipe.name if label == "speculative" else f"{recipe.name}-baseline")
             parts.append(asyncio.run(_measure(bench, api, payloads, started, default_model=None,
-                                              max_draft_len=max_draft_len, counters=counters,
-                                              only=(label, model))))
+                                              draft_lens=draft_lens, counters=counters,
+                                              fixed_labels=[fixed_label(n) for n in fixed], only=(label, model))))
             servers += started["servers"]
     measured = parts[0]
     for part in parts[1:]:
@@ -169,20 +204,22 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
             measured[key] = measured[key] + part[key]
         measured["endpoints"] = {**measured["endpoints"], **part["endpoints"]}
         measured["metrics_seen"] = {**measured["metrics_seen"], **part["metrics_seen"]}
-    measured["order"] = "sequential: all baseline runs, then all speculative runs (runtime.vllm_servers)"
+    measured["order"] = (f"sequential: all runs of each arm in turn ({', '.join(labels)}), one server up at a time "
+                         "(runtime.vllm_servers)")
     return measured, servers
 
 
 async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started: dict[str, Any],
-                   default_model: str | None, max_draft_len: int | None, counters: Any = None,
-                   only: tuple[str, str] | None = None) -> dict[str, Any]:
+                   default_model: str | None, draft_lens: dict[str, int | None], counters: Any = None,
+                   fixed_labels: list[str] | None = None, only: tuple[str, str] | None = None) -> dict[str, Any]:
     """``only=(label, model)``: one server is up; run that label's part of the schedule against it."""
     from contextlib import AsyncExitStack
 
     from ..serving.client import OpenAIClient
 
     levels = list(bench.concurrency)
-    schedule = interleaved_schedule(levels, bench.repeats, bench.compare_baseline)
+    fixed_labels = fixed_labels or []
+    schedule = interleaved_schedule(levels, bench.repeats, bench.compare_baseline, fixed_labels)
     if only is not None:
         schedule = [r for r in schedule if r.label == only[0]]
     async with AsyncExitStack() as stack:
@@ -199,6 +236,11 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
             endpoints = {only[0]: Endpoint(only[0], started[only[0]].rstrip("/"), only[1], api)}
         else:
             endpoints = await _endpoints(client_for, bench, api, started, default_model)
+            for label in fixed_labels:  # each fixed arm's own server: the model it lists
+                url = started[label].rstrip("/")
+                ids = await list_models(client_for(url))
+                model = next((m for m in ids if not m.endswith("-baseline")), ids[0] if ids else None)
+                endpoints[label] = Endpoint(label, url, model, api)
         metrics_seen = {label: False for label in endpoints}
         for label, endpoint in endpoints.items():
             if bench.warmup_requests:
@@ -217,7 +259,7 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 client = client_for(endpoint.base_url)
                 bar.update(task, description=run.name)
                 await drain_metrics(client)  # whatever earlier traffic left behind
-                reader = counters if (counters is not None and run.label == "speculative") else None
+                reader = counters if (counters is not None and run.label != "baseline") else None
                 before = await reader.snapshot(client) if reader else None
                 started_at = time.time()
                 recs, duration = await run_load(client, endpoint, payloads, run.concurrency, bench.run_timeout_s,
@@ -225,14 +267,14 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 counted = reader.delta(before, await reader.snapshot(client), requests=len(recs)) if reader else None
                 items = await drain_metrics(client)
                 metrics_seen[run.label] = metrics_seen[run.label] or items is not None or counted is not None
-                runs.append(_run_entry(run, recs, duration, items, started_at, max_draft_len, counted))
+                runs.append(_run_entry(run, recs, duration, items, started_at, draft_lens.get(run.label), counted))
                 for rec in recs:
                     records.append({"run": run.name, "label": run.label, "concurrency": run.concurrency,
                                     "repeat": run.repeat, **M.request_metrics(rec)})
                 summary = runs[-1]["summary"]
                 output.log(f"bench: {run.name}: {summary['output_tokens_per_s'] or 0:.1f} tok/s, {summary['failed']} failed")
     return {"endpoints": endpoints, "metrics_seen": metrics_seen, "schedule": [r.name for r in schedule], "runs": runs,
-            "records": records, "levels": levels, "max_draft_len": max_draft_len}
+            "records": records, "levels": levels, "draft_lens": draft_lens}
 
 
 async def _endpoints(client_for: Any, bench: Any, api: str, started: dict[str, Any],
@@ -271,7 +313,7 @@ def _run_entry(run: Run, recs: list[M.RequestRecord], duration: float, items: li
              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
              "summary": M.summarize_run(recs, duration), "acceptance": None, "server_metrics_items": None,
              "_records": recs, "_items": items, "_counted": counted}
-    if run.label == "speculative":
+    if run.label != "baseline":
         entry["server_metrics_items"] = len(items) if items is not None else None
         entry["acceptance"] = _acceptance(items, recs, max_draft_len, [counted] if counted is not None else [])
     return entry
@@ -302,14 +344,44 @@ def _acceptance(items: list[dict[str, Any]] | None, recs: list[M.RequestRecord],
 # --------------------------------------------------------------------------- the report
 
 
+def _pairs(runs: list[dict[str, Any]], level: int, repeats: int, first: str, second: str) -> list[tuple[dict, dict]]:
+    """(first, second) run summaries of the same repeat at one level."""
+    out = []
+    for repeat in range(repeats):
+        a = next((r for r in runs if r["label"] == first and r["concurrency"] == level and r["repeat"] == repeat), None)
+        b = next((r for r in runs if r["label"] == second and r["concurrency"] == level and r["repeat"] == repeat), None)
+        if a and b:
+            out.append((a["summary"], b["summary"]))
+    return out
+
+
+def versus_best(level: dict[str, Any], labels: list[str]) -> dict[str, Any] | None:
+    """The bundle's output tok/s against the best other arm at one level (runs pooled): the tuning speed target."""
+    spec = (level.get("speculative") or {}).get("output_tokens_per_s")
+    others = {label: (level.get(label) or {}).get("output_tokens_per_s") for label in labels if label != "speculative"}
+    others = {k: v for k, v in others.items() if v}
+    if not spec or not others:
+        return None
+    best = max(others, key=others.get)
+    base = others.get("baseline")
+    return {"best_other": best, "best_other_output_tokens_per_s": round(others[best], 3),
+            "speculative_output_tokens_per_s": round(spec, 3), "ratio_to_best_other": round(spec / others[best], 4),
+            "ratio_to_baseline": round(spec / base, 4) if base else None}
+
+
 def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], name: str | None,
-              servers: list[dict[str, Any]]) -> dict[str, Any]:
+              servers: list[dict[str, Any]], tuned: bool = False, fixed: list[int] | None = None) -> dict[str, Any]:
     runs = measured["runs"]
+    fixed = fixed or []
+    fixed_labels = [f"fixed-k{n}" for n in fixed]
+    labels = arm_labels(bench.compare_baseline, fixed_labels)
+    draft_lens = measured["draft_lens"]
     levels = []
     all_spec_records, all_spec_items, all_records, all_counted = [], [], [], []
     for level in measured["levels"]:
         entry: dict[str, Any] = {"concurrency": level}
-        for label in ("baseline", "speculative"):
+        arms: dict[str, Any] = {}
+        for label in ["baseline", *fixed_labels, "speculative"]:
             mine = [r for r in runs if r["label"] == label and r["concurrency"] == level]
             if not mine:
                 entry[label] = None
@@ -317,22 +389,29 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
             recs = [rec for r in mine for rec in r["_records"]]
             all_records.extend(recs)
             entry[label] = M.summarize_run(recs, sum(r["summary"]["duration_s"] or 0 for r in mine))
+            if label == "baseline":
+                continue
+            items = [it for r in mine for it in (r["_items"] or [])]
+            counted = [r["_counted"] for r in mine if r.get("_counted") is not None]
+            acceptance = _acceptance(items, recs, draft_lens.get(label), counted)
             if label == "speculative":
-                items = [it for r in mine for it in (r["_items"] or [])]
                 all_spec_records.extend(recs)
                 all_spec_items.extend(items)
-                counted = [r["_counted"] for r in mine if r.get("_counted") is not None]
                 all_counted.extend(counted)
-                entry["acceptance"] = _acceptance(items, recs, measured["max_draft_len"], counted)
-        pairs = []
-        for repeat in range(bench.repeats):
-            b = next((r for r in runs if r["label"] == "baseline" and r["concurrency"] == level and r["repeat"] == repeat), None)
-            s = next((r for r in runs if r["label"] == "speculative" and r["concurrency"] == level and r["repeat"] == repeat), None)
-            if b and s:
-                pairs.append((b["summary"], s["summary"]))
+                entry["acceptance"] = acceptance
+            else:
+                vs_base = _pairs(runs, level, bench.repeats, "baseline", label)
+                vs_spec = _pairs(runs, level, bench.repeats, label, "speculative")
+                arms[label] = {"draft_len": draft_lens.get(label), "acceptance": acceptance,
+                               "speedup": M.speedups(vs_base, seed=bench.seed) if vs_base else None,
+                               "speculative_vs_this": M.speedups(vs_spec, seed=bench.seed) if vs_spec else None}
+        pairs = _pairs(runs, level, bench.repeats, "baseline", "speculative")
         entry["speedup"] = M.speedups(pairs, seed=bench.seed) if pairs else None
+        if arms:
+            entry["fixed"] = arms
+        entry["versus_best"] = versus_best(entry, labels) if len(labels) > 2 else None
         levels.append(entry)
-    acceptance = _acceptance(all_spec_items, all_spec_records, measured["max_draft_len"], all_counted)
+    acceptance = _acceptance(all_spec_items, all_spec_records, draft_lens.get("speculative"), all_counted)
     gate = None
     if bench.fail_below_speedup is not None:
         medians = [(lv["concurrency"], ((lv.get("speedup") or {}).get("output_tokens_per_s") or {}).get("median")) for lv in levels]
@@ -341,6 +420,12 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         gate = {"fail_below_speedup": bench.fail_below_speedup, "metric": "output_tokens_per_s median per level",
                 "lowest_level": lowest[0], "lowest_median": lowest[1],
                 "passed": bool(known) and len(known) == len(medians) and lowest[1] >= bench.fail_below_speedup}
+    arm_info = [{"label": "baseline", "draft_len": 0, "setting": "the target alone"}] if bench.compare_baseline else []
+    arm_info += [{"label": label, "draft_len": draft_lens.get(label), "setting": f"a fixed chain of {draft_lens.get(label)}"}
+                 for label in fixed_labels]
+    arm_info.append({"label": "speculative", "tuned": tuned, "draft_len": draft_lens.get("speculative"),
+                     "setting": ("the bundle's tuned schedule (`specconvert tune`)" if tuned else
+                                 "the bundle's setting (build.max_draft_len / build.tree)")})
     endpoints = measured["endpoints"]
     failed = sum(1 for r in all_records if not r.ok)
     return {
@@ -356,8 +441,10 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                               "metrics_endpoint": measured["metrics_seen"].get(label, False)}
                       for label, ep in endpoints.items()} | ({} if "baseline" in endpoints else {"baseline": None}),
         "servers": servers,
+        "arms": arm_info,
         "schedule": measured["schedule"],
-        "order": measured.get("order", "interleaved: baseline, speculative, baseline, speculative per level"),
+        "order": measured.get("order", f"interleaved: {', '.join(labels)}, then again, per level"),
+        "servers_together": measured.get("servers_together"),
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "levels": levels,
         "acceptance": acceptance,

@@ -118,7 +118,7 @@ def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads
     out: dict[tuple[int, int], Measured] = {}
     with ExitStack() as stack:
         started = stack.enter_context(_started([(f"k{k}", argv, env, True) for k, (argv, env) in launches.items()],
-                                               log_dir, startup_timeout_s))
+                                               log_dir, startup_timeout_s, stage="tune"))
         urls = {k: started[f"k{k}"] for k in launches}
         asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
         servers = started["servers"]

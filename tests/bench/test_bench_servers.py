@@ -34,11 +34,18 @@ def project(built_bundle, tmp_path, monkeypatch, backend):  # noqa: F811
 @pytest.mark.slow
 def test_bench_recipe_starts_the_reference_server_and_reaps_it(cli, built_bundle, tmp_path, monkeypatch):  # noqa: F811
     recipe = project(built_bundle, tmp_path, monkeypatch, "reference")
-    result = cli("bench", recipe)
+    result = cli("bench", recipe, "--set", "bench.fixed_draft_lens=[1]")
     assert result.code == 0, result.stderr
     report = json.loads((tmp_path / "work" / "bench" / "report.json").read_text())
     assert report["endpoints"]["speculative"]["model"] == "tiny-serve"
     assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
+    # the fixed arm: a second `specconvert serve --draft-len 1`, its own model name, acceptance sized to its chain
+    assert report["endpoints"]["fixed-k1"]["model"] == "tiny-serve-k1"
+    assert report["schedule"] == ["baseline-c1-r0", "fixed-k1-c1-r0", "speculative-c1-r0"]
+    fixed_acc = report["levels"][0]["fixed"]["fixed-k1"]["acceptance"]
+    assert fixed_acc["source"] == "server" and len(fixed_acc["per_position"]) == 1
+    fixed_server = next(s for s in report["servers"] if s["label"] == "fixed-k1")
+    assert fixed_server["command"][-4:] == ["--draft-len", "1", "--port", fixed_server["url"].rsplit(":", 1)[1]]
     assert report["failed_requests"] == 0
     # The reference server's /perf_metrics: exact acceptance with per-position rates for max_draft_len 3.
     acc = report["acceptance"]
@@ -47,9 +54,9 @@ def test_bench_recipe_starts_the_reference_server_and_reaps_it(cli, built_bundle
     lines = [json.loads(line) for line in (tmp_path / "work" / "bench" / "requests.jsonl").read_text().splitlines()]
     assert {r["token_count_source"] for r in lines} == {"token_ids"}
     assert all(r["output_tokens"] >= 1 for r in lines)
-    (server,) = report["servers"]
+    server, _ = report["servers"]
     assert Path(server["log"]).is_file() and server["log"].startswith(str(tmp_path / "work" / "bench"))
-    assert_reaped([server["pid"]])
+    assert_reaped([s["pid"] for s in report["servers"]])
 
 
 def trtllm_bundle(tmp_path: Path) -> Path:

@@ -53,6 +53,7 @@ def test_serve_test_on_vllm_reads_the_counters_and_the_oracle_disagrees(project,
 def test_bench_on_vllm_runs_one_server_at_a_time_and_measures_tau_from_counters(project, cli, fake_vllm, tmp_path):
     exe, log = fake_vllm
     result = cli("bench", project.recipe_path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                 "--set", "runtime.vllm_servers=sequential",
                  "--set", "bench.prompts=synthetic", "--set", "bench.num_requests=2", "--set", "bench.max_tokens=10",
                  "--set", "bench.concurrency=[1,2]", "--set", "bench.repeats=1", "--set", "bench.warmup_requests=0",
                  "--set", "bench.plots=false", "--json")
