@@ -11,6 +11,7 @@ what a hand-written script would: load the target, `mtsp.convert`, export the he
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,9 +67,12 @@ def main() -> None:
     print(f"specconvert: {' '.join(['specconvert', *ours[3:]])}")
     print(f"bare:        python -c BARE {target} {work / 'bare'}  (load, mtsp.convert, export_speculative_decoding)")
     times: dict[str, list[float]] = {"bare Model Optimizer": [], "specconvert convert": []}
-    for _ in range(args.runs):
-        times["bare Model Optimizer"].append(timed(bare))
-        times["specconvert convert"].append(timed(ours))
+    try:
+        for _ in range(args.runs):
+            times["bare Model Optimizer"].append(timed(bare))
+            times["specconvert convert"].append(timed(ours))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # two converted copies of the model: not worth keeping
     base = statistics.median(times["bare Model Optimizer"])
     load = os.getloadavg()
     print(f"SmolLM2-135M, random head (draft.init: random, no training), fp32, {args.runs} runs each "
