@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import yaml
 from specconvert.backends.vllm import memory
 from specconvert.bench.workload import interleaved_schedule
 from specconvert.recipe import load_recipe
-from tests.serving.conftest import HERE, _cli, assert_reaped
+from tests.serving.conftest import _cli, assert_reaped, fake_vllm  # noqa: F401  (fixture)
 from tests.tuning.test_build_uses_tune import _write_tune
 
 QUICK = ["--set", "bench.prompts=synthetic", "--set", "bench.num_requests=2", "--set", "bench.max_tokens=10",
@@ -102,22 +101,12 @@ def tuned_bundle(tmp_path_factory):
     return root, path
 
 
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    exe = tmp_path / "fake-vllm-python"
-    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
-    exe.chmod(0o755)
-    log = tmp_path / "fake-vllm-argv.jsonl"
-    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
-    return exe, log
-
-
 def _spec_config(start):
     argv = start["argv"]
     return json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
 
 
-def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baseline(cli, tuned_bundle, fake_vllm, tmp_path):
+def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baseline(cli, tuned_bundle, fake_vllm, tmp_path):  # noqa: F811
     root, path = tuned_bundle
     exe, log = fake_vllm
     out = tmp_path / "bench"
@@ -155,7 +144,7 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     assert_reaped([s["pid"] for s in report["servers"]])
 
 
-def test_without_room_for_every_server_auto_runs_them_one_at_a_time(cli, tuned_bundle, fake_vllm, tmp_path, monkeypatch):
+def test_without_room_for_every_server_auto_runs_them_one_at_a_time(cli, tuned_bundle, fake_vllm, tmp_path, monkeypatch):  # noqa: F811
     root, path = tuned_bundle
     exe, log = fake_vllm
     monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 3.0)

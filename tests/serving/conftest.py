@@ -108,6 +108,17 @@ def fake_trtllm_serve(tmp_path, monkeypatch):
     return argv_log
 
 
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """The vLLM TEST DOUBLE (tests/serving/fake_vllm.py) as a `runtime.vllm_python`; returns (python, argv log)."""
+    exe = tmp_path / "fake-vllm-python"
+    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
+    exe.chmod(0o755)
+    log = tmp_path / "fake-vllm-argv.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
+    return exe, log
+
+
 def live_group_members(pgid: int) -> list[int]:
     """Non-zombie processes whose process group is ``pgid`` (from /proc)."""
     from specconvert.serving.process import group_members

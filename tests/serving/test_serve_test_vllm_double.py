@@ -4,21 +4,10 @@ the launch lines, sequential servers, counter deltas, the oracle's verdict and t
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from .conftest import HERE, assert_reaped
-
-
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    exe = tmp_path / "fake-vllm-python"
-    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
-    exe.chmod(0o755)
-    log = tmp_path / "fake-vllm-argv.jsonl"
-    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
-    return exe, log
+from .conftest import assert_reaped
 
 
 def starts(log):
