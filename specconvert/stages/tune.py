@@ -27,7 +27,7 @@ from .. import output
 from ..errors import ExternalFailure, InputError
 from ..manifest import compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
 from ..tuning import model as M
-from ..tuning.measure import Measured, measure_reference, measure_vllm, per_position, vllm_launch
+from ..tuning.measure import DRAFTER_IDLE, Measured, measure_reference, measure_vllm, per_position, vllm_launch
 
 STAGE = "tune"
 REPORT_SCHEMA_VERSION = 1
@@ -84,10 +84,11 @@ def _reference_runs(recipe: Any, convert: dict[str, Any], lengths: list[int]) ->
 
 
 def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths: list[int], lvls: list[int],
-               scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
-    """One vLLM server per candidate length on a draft overlay of tune's own; runs interleaved."""
+               scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]], bool]:
+    """One vLLM server per candidate length on a draft overlay of tune's own; runs interleaved when RAM holds
+    every server (``runtime.vllm_servers``), else one server at a time. Returns (runs, servers, together)."""
     from ..backends import launch
-    from ..backends.vllm import launch as vllm
+    from ..backends.vllm import launch as vllm, memory
 
     tune = recipe.tune
     artifacts = convert["artifacts"]
@@ -95,8 +96,9 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
     python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
     overlay = scratch / "vllm-draft"
     launch.write_draft_overlay(Path(artifacts["draft_dir"]), overlay, launch.vllm_overlay_update(aux))
+    # DRAFTER_IDLE: what a 0 in vLLM's schedule really costs (the drafter still runs each step)
     launches = {k: vllm_launch(python, artifacts["target_dir"], str(overlay), recipe.build, recipe.runtime, recipe.name, k)
-                for k in lengths}
+                for k in [*lengths, DRAFTER_IDLE]}
     samples = _samples(recipe)
     count = max(len(samples), 2 * max(lvls))  # every level keeps its requests in flight for a while
     payloads = []
@@ -105,12 +107,20 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
         body = {k: sample[k] for k in ("messages", "prompt") if k in sample} or {"prompt": sample.get("text", "")}
         payloads.append({**body, "max_tokens": tune.max_tokens, "temperature": 0.0, "stream": True,
                          "stream_options": {"include_usage": True}, **vllm.REQUEST_EXTRA})
-    output.log(f"tune: vLLM servers for draft lengths {lengths}; {count} requests x {tune.max_tokens} tokens "
-               f"at concurrency {lvls}, interleaved")
+    per_server = memory.server_gib(recipe.runtime.vllm_kv_cache_gib,
+                                   memory.weights_gib([artifacts["target_dir"], artifacts["draft_dir"]]))
+    mode, why = memory.choose(recipe.runtime.vllm_servers, len(launches), per_server, memory.available_gib())
+    if mode != "together" and recipe.runtime.vllm_servers == "auto":
+        output.warn(f"tune: {why}: one vLLM server at a time, so drift between the candidates is not cancelled "
+                    "(runtime.vllm_servers: together forces them up at once)")
+    output.log(f"tune: vLLM servers for draft lengths {lengths} and a drafter scheduled to 0; {count} requests x {tune.max_tokens} tokens "
+               f"at concurrency {lvls}, " + ("interleaved" if mode == "together" else "one server at a time"))
     with output.progress() as bar:
-        task = bar.add_task("tune: vLLM runs", total=len(lengths) * len(lvls) * tune.repeats)
-        return measure_vllm(launches, payloads, lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s,
-                            repeats=tune.repeats, on_run=lambda: bar.advance(task))
+        task = bar.add_task("tune: vLLM runs", total=len(launches) * len(lvls) * tune.repeats)
+        runs, servers = measure_vllm(launches, payloads, lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s,
+                                     repeats=tune.repeats, on_run=lambda: bar.advance(task),
+                                     together=mode == "together")
+    return runs, servers, mode == "together"
 
 
 # --- the decision ------------------------------------------------------------------------------
@@ -154,8 +164,27 @@ def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margi
             "measured_rates": measured_rates}
 
 
-def engine_schedules(recipe: Any, segments: list[M.Segment], choice: dict[int, int]) -> dict[str, Any]:
-    """Each engine's own form of the decision (written into the bundle by build)."""
+def vllm_choice(choice: dict[int, int], rates: dict[tuple[int, int], float], idle: dict[int, float],
+                margin: float) -> dict[int, int]:
+    """vLLM's own per-level choice: a 0 inside its schedule still runs the drafter (``idle``: measured tokens/s of
+    that server), so where plain decoding won, the schedule takes the best of that idle 0 and every chain length.
+    Where plain decoding wins at every level the bundle serves the target alone, a true 0."""
+    if not idle or all(k == 0 for k in choice.values()):
+        return dict(choice)
+    out = {}
+    for b, k in choice.items():
+        if k != 0 or b not in idle:
+            out[b] = k
+            continue
+        options = {(0, b): idle[b], **{(kk, bb): r for (kk, bb), r in rates.items() if bb == b and kk > 0}}
+        out[b] = M.best_per_level(options, margin)[b]
+    return out
+
+
+def engine_schedules(recipe: Any, segments: list[M.Segment], choice: dict[int, int],
+                     vllm_segments: list[M.Segment] | None = None) -> dict[str, Any]:
+    """Each engine's own form of the decision (written into the bundle by build); ``vllm_segments``: vLLM's own
+    (see :func:`vllm_choice`), default ``segments``."""
     from ..backends.sglang import schedule as sglang
     from ..backends.trtllm import schedule as trt, versions
     from ..backends.vllm import schedule as vllm
@@ -165,7 +194,7 @@ def engine_schedules(recipe: Any, segments: list[M.Segment], choice: dict[int, i
         "trtllm": {"version": target.version,
                    **trt.speculative_settings(segments, recipe.build.max_batch_size, target.version,
                                               allow_zero=recipe.tune.trtllm_allow_zero)},
-        "vllm": vllm.speculative_settings(segments, recipe.build.max_batch_size),
+        "vllm": vllm.speculative_settings(vllm_segments or segments, recipe.build.max_batch_size),
         "sglang": sglang.speculative_settings(choice),
         # The reference server decodes one request at a time: its batch is always 1.
         "reference": {"speculate": segments[0].draft_len > 0, "max_draft_len": segments[0].draft_len},
@@ -223,18 +252,21 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     servers: list[dict[str, Any]] = []
     with stage_dir(final, STAGE, inputs) as stage:
         if backend == "vllm":
-            runs, servers = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert, lengths, lvls,
-                                       stage.path)
+            runs, servers, together = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert,
+                                                 lengths, lvls, stage.path)
             serial = None
             note = ("vLLM batches: each candidate length has its own server, measured at every level, "
-                    "runs interleaved across servers")
+                    + ("runs interleaved across servers" if together else
+                       "one server at a time (RAM for all was not available): drift between candidates is not cancelled"))
         else:
             measured = _reference_runs(recipe, convert, lengths)
             # One request per step at any concurrency: the level-1 measurement stands for every level.
             runs = {(k, b): m for k, m in measured.items() for b in lvls}
             serial = {b: 1 for b in lvls}
             note = "the reference server serves one request at a time: each level's cost is concurrency 1's"
-        if any(m.failed_requests for m in runs.values()):
+        idle = {b: m for (k, b), m in runs.items() if k == DRAFTER_IDLE}
+        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
+        if any(m.failed_requests for m in [*runs.values(), *idle.values()]):
             bad = sum(m.failed_requests for m in runs.values())
             raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
         if any(not m.identical_to_plain for m in runs.values()):
@@ -243,8 +275,18 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
         longest = [m for (k, _), m in runs.items() if k == top]
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
         decision = decide(runs, acceptance, recipe.tune.margin, serial)
-        schedules = engine_schedules(recipe, decision["segments"], decision["choice"])
+        idle_rates = {b: m.tokens_per_second for b, m in idle.items()}
+        v_choice = vllm_choice(decision["choice"], decision["measured_rates"], idle_rates, recipe.tune.margin)
+        schedules = engine_schedules(recipe, decision["segments"], decision["choice"], M.schedule(v_choice))
         lines = verdict_lines(decision["choice"], lengths, decision["measured_rates"])
+        for b, k in sorted(v_choice.items()):
+            if b in idle_rates and decision["choice"][b] == 0 and v_choice != decision["choice"]:
+                base = decision["measured_rates"].get((0, b)) or 0
+                rate = idle_rates[b] if k == 0 else decision["measured_rates"][(k, b)]
+                lines.append(f"vLLM, concurrency {b}: a 0 in its schedule still runs the drafter "
+                             f"({idle_rates[b] / base:.2f}x plain measured); the schedule drafts {k} there "
+                             f"({rate / base:.2f}x plain), the best a speculative vLLM server does" if base else
+                             f"vLLM, concurrency {b}: the schedule drafts {k}")
         for line in lines:
             output.log(f"tune: {line}")
         report = {
@@ -258,6 +300,8 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             "measurements": [m.as_dict() for m in runs.values()],
             "table": decision["rows"],
             "choice": {str(b): k for b, k in decision["choice"].items()},
+            "vllm_choice": {str(b): k for b, k in v_choice.items()} if idle else None,
+            "vllm_drafter_idle": ({str(b): m.as_dict() for b, m in idle.items()} if idle else None),
             "predicted_choice": {str(b): k for b, k in decision["predicted_choice"].items()},
             "segments": [s.as_dict() for s in decision["segments"]],
             "schedules": schedules,
@@ -270,6 +314,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
         if recipe.tune.plots:
             _plot(report, stage.path / "tune.png")
         stage.finish(schedules=schedules, segments=report["segments"], choice=report["choice"],
+                     vllm_choice=report["vllm_choice"],
                      per_position_acceptance=report["per_position_acceptance"], verdict=lines,
                      timings={"tune_s": report["tune_s"]})
     return TuneResult(stage.manifest, skipped=False)
@@ -285,6 +330,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         out.append(f"| {r['concurrency']} | {r['draft_len']} | {r['predicted_tokens_per_second']} | "
                    f"{r['measured_tokens_per_second']} | {r['predicted_tokens_per_step']} | "
                    f"{r['measured_tokens_per_step']} | {r['step_s'] * 1000:.1f} |")
+    idle = report.get("vllm_drafter_idle")
+    if idle:
+        out += ["", "vLLM with the drafter loaded and its schedule at 0 (what a 0 in `num_speculative_tokens_per_batch_size` "
+                "costs: the drafter still runs each step): "
+                + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s" for b, m in idle.items())]
     out += ["", "## Choice", ""] + [f"- {line}" for line in report["verdict"]]
     out += ["", "## Schedules written into the bundle", ""]
     for engine, s in report["schedules"].items():

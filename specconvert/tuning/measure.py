@@ -9,6 +9,13 @@ tokens, decoding wall time, request-steps and accepted drafts per position.
 - vLLM: one server per candidate length (k = 0 is the target alone), all up together, and
   runs interleaved level by level and length by length (A B C D A B C D ...). Acceptance comes
   from each server's Prometheus counters, tokens from the token ids vLLM returns per chunk.
+  Where RAM does not hold every server (``runtime.vllm_servers``), one server at a time runs all
+  its levels; the drift between candidates is then not cancelled, and the report says so.
+  One more vLLM candidate, :data:`DRAFTER_IDLE`: a server whose schedule drafts 0 tokens at every
+  batch size. A 0 in vLLM's schedule is not the baseline: vLLM 0.32 still runs the drafter's
+  forward pass every step to keep its KV cache in sync (``vllm/v1/spec_decode/llm_base_proposer.py``,
+  ``propose``: "No draft tokens requested (e.g. Dynamic SD decided K=0)"), so what a 0 costs is
+  measured, not assumed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+
+DRAFTER_IDLE = -1  # key of the vLLM candidate "drafter loaded, schedule K = 0 everywhere"
 
 
 @dataclass
@@ -100,29 +110,44 @@ def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: S
 
 def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime: Any, name: str,
                 draft_len: int) -> tuple[list[str], dict[str, str]]:
-    """argv (without --port) and environment of a vLLM server drafting ``draft_len`` tokens (0: no draft)."""
+    """argv (without --port) and environment of a vLLM server drafting ``draft_len`` tokens (0: no draft;
+    :data:`DRAFTER_IDLE`: the draft loaded, a schedule of 0 at every batch size)."""
     from ..backends.vllm import launch as vllm
     from ..bench.servers import HOST
 
     build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
+    if draft_len == DRAFTER_IDLE:
+        idle = {"speculate": True, "num_speculative_tokens": 1,
+                "num_speculative_tokens_per_batch_size": [[1, build.max_batch_size, 0]]}
+        args = vllm.server_args(target_dir, overlay, build_k, runtime, f"{name}-k0-drafter", idle)
+        return [python, "-m", vllm.MODULE, *args, "--host", HOST], {**os.environ, **vllm.server_env(runtime)}
     args = vllm.server_args(target_dir, overlay if draft_len else None, build_k, runtime, f"{name}-k{draft_len}")
     return [python, "-m", vllm.MODULE, *args, "--host", HOST], {**os.environ, **vllm.server_env(runtime)}
 
 
 def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads: Sequence[dict[str, Any]],
                  levels: Sequence[int], log_dir: Path, startup_timeout_s: float, run_timeout_s: float,
-                 repeats: int = 1, on_run: Callable[[], None] | None = None) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
-    """Start every candidate's server, then run ``payloads`` at each level on each, interleaved."""
+                 repeats: int = 1, on_run: Callable[[], None] | None = None,
+                 together: bool = True) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
+    """Start every candidate's server, then run ``payloads`` at each level on each, interleaved
+    (``together=False``: one server at a time, each running all its levels before the next starts)."""
     from ..bench.servers import _started
 
     out: dict[tuple[int, int], Measured] = {}
-    with ExitStack() as stack:
-        started = stack.enter_context(_started([(f"k{k}", argv, env, True) for k, (argv, env) in launches.items()],
-                                               log_dir, startup_timeout_s, stage="tune"))
-        urls = {k: started[f"k{k}"] for k in launches}
-        asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
-        servers = started["servers"]
+    servers: list[dict[str, Any]] = []
+    groups = [list(launches)] if together else [[k] for k in launches]
+    for group in groups:
+        with ExitStack() as stack:
+            started = stack.enter_context(_started([(_label(k), *launches[k], True) for k in group],
+                                                   log_dir, startup_timeout_s, stage="tune"))
+            urls = {k: started[_label(k)] for k in group}
+            asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
+            servers += started["servers"]
     return out, servers
+
+
+def _label(k: int) -> str:
+    return "k0-drafter" if k == DRAFTER_IDLE else f"k{k}"
 
 
 async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels: Sequence[int], repeats: int,
@@ -141,18 +166,18 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                 shift = (rep + levels.index(b)) % len(order)
                 for k in order[shift:] + order[:shift]:
                     client = clients[k]
-                    before = await counters.snapshot(client) if k else None
-                    records, duration = await run_load(client, Endpoint(f"k{k}", urls[k], models[k], api), payloads, b,
+                    before = await counters.snapshot(client) if k > 0 else None
+                    records, duration = await run_load(client, Endpoint(_label(k), urls[k], models[k], api), payloads, b,
                                                        run_timeout_s)
-                    after = await counters.snapshot(client) if k else None
-                    m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * k))
+                    after = await counters.snapshot(client) if k > 0 else None
+                    m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * max(k, 0)))
                     ok = [r for r in records if r.ok]
                     m.failed_requests += len(records) - len(ok)
                     tokens = sum(r.output_tokens for r in ok)
                     m.tokens += tokens
                     m.prefill_tokens += len(ok)
                     m.decode_s += duration
-                    if k:
+                    if k > 0:
                         acc = counters.delta(before, after, requests=len(ok))
                         m.steps += int(acc.drafts or 0)
                         for i, rate in enumerate((acc.per_position or [])[:k]):

@@ -8,6 +8,8 @@ suffix, ``engine``/``model_name``/``position`` labels) only when a speculative c
 Every request generates token ids 0..max_tokens-1 (text "t0 t1 ..."): speculative and
 baseline outputs are equal. With speculation each verify step emits 3 tokens and counts one
 draft of ``num_speculative_tokens`` with 2 accepted (positions 0 and 1): tau = 3 (a chain of 1: tau 2).
+A ``num_speculative_tokens_per_batch_size`` schedule is honoured by the requests in flight when
+one arrives: where it gives 0, that request decodes one token per step and drafts nothing.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
 """
 
@@ -34,20 +36,33 @@ def main(argv: list[str]) -> None:
     name = arg("--served-model-name", "model")
     spec = json.loads(arg("--speculative-config")) if "--speculative-config" in argv else None
     n_spec = spec["num_speculative_tokens"] if spec else 0
+    schedule = (spec or {}).get("num_speculative_tokens_per_batch_size")
     counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * n_spec}
+    in_flight = [0]
+
+    def k_now():
+        """vLLM's lookup: the schedule's K for the current batch (the last range's beyond it), capped at n_spec."""
+        if not schedule:
+            return n_spec
+        k = schedule[-1][2]
+        for start, end, kk in schedule:
+            if start <= in_flight[0] <= end:
+                k = kk
+        return min(k, n_spec)
 
     def steps(n):
         """Token-id groups per engine step: the prefill's token, then 3 per verify step (1 without speculation)."""
         ids, out = list(range(n)), []
         if ids:
             out.append(ids[:1])
-        size = 1 + min(2, n_spec) if spec else 1  # accepts two drafts, or all of a shorter chain
+        k = k_now()
+        size = 1 + min(2, k) if k else 1  # accepts two drafts, or all of a shorter chain
         for i in range(1, n, size):
             out.append(ids[i:i + size])
-            if spec:  # a short last step (max_tokens reached) accepted fewer
+            if k:  # a short last step (max_tokens reached) accepted fewer
                 accepted = len(out[-1]) - 1
                 counts["drafts"] += 1
-                counts["draft_tokens"] += n_spec
+                counts["draft_tokens"] += k
                 counts["accepted"] += accepted
                 for pos in range(accepted):
                     counts["pos"][pos] += 1
@@ -73,7 +88,11 @@ def main(argv: list[str]) -> None:
     async def chat(request):
         body = await request.json()
         is_chat = request.url.path.endswith("/chat/completions")
-        groups = steps(int(body.get("max_tokens", 16)))
+        in_flight[0] += 1
+        try:
+            groups = steps(int(body.get("max_tokens", 16)))
+        finally:
+            in_flight[0] -= 1
         ids = [t for g in groups for t in g]
         text = lambda g: "".join(f"t{t} " for t in g)  # noqa: E731
         with_ids = bool(body.get("return_token_ids"))

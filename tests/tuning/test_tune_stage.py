@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.serving.conftest import _cli
+from tests.serving.conftest import _cli, fake_vllm  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -70,28 +70,50 @@ def test_tune_refuses_an_engine_it_cannot_measure(tiny_recipe):
     assert _cli("tune", path, "--set", "runtime.backend=trtllm") == 2
 
 
-def test_tune_on_vllm_runs_one_server_per_length_and_reads_its_counters(tiny_recipe, tmp_path, monkeypatch, capsys):
-    """Through the vLLM TEST DOUBLE (tests/serving/fake_vllm.py): a chain accepts up to 2 drafts (tau 2 for k=1, 3 above)."""
-    import sys
-
-    from tests.serving.conftest import HERE, assert_reaped
+@pytest.mark.parametrize("ram_gib", [64.0, 1.0])
+def test_tune_on_vllm_runs_one_server_per_length_and_reads_its_counters(tiny_recipe, fake_vllm, monkeypatch, capsys,  # noqa: F811
+                                                                         ram_gib):
+    """Through the vLLM TEST DOUBLE (tests/serving/fake_vllm.py): a chain accepts up to 2 drafts (tau 2 for k=1, 3 above).
+    With RAM for every server they run together; without it (runtime.vllm_servers: auto) one at a time, said so."""
+    from specconvert.backends.vllm import memory
+    from tests.serving.conftest import assert_reaped
 
     root, path = tiny_recipe
-    exe = tmp_path / "fake-vllm-python"
-    exe.write_text(f"#!{sys.executable}\n" + (HERE / "fake_vllm.py").read_text())
-    exe.chmod(0o755)
-    log = tmp_path / "argv.jsonl"
-    monkeypatch.setenv("FAKE_VLLM_ARGV_LOG", str(log))
-    assert _cli("tune", path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+    exe, log = fake_vllm
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: ram_gib)
+    capsys.readouterr()
+    assert _cli("tune", path, "--force", "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
                 "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=10", "--json") == 0
     report = json.loads((root / "work" / "tune" / "report.json").read_text())
-    starts = [json.loads(line)["argv"] for line in log.read_text().splitlines()]
-    drafted = sorted(json.loads(a[a.index("--speculative-config") + 1])["num_speculative_tokens"]
-                     if "--speculative-config" in a else 0 for a in starts)
-    assert drafted == [0, 1, 2]  # one server per candidate, k = 0 without a draft
+    together = ram_gib > 10
+    assert ("one server at a time" in report["runtime_note"]) is not together
+    assert ("drift between the candidates is not cancelled" in capsys.readouterr().err) is not together
+    starts = {a[a.index("--served-model-name") + 1]: a for a in
+              (json.loads(line)["argv"] for line in log.read_text().splitlines())}
+    configs = {name: json.loads(a[a.index("--speculative-config") + 1]) if "--speculative-config" in a else None
+               for name, a in starts.items()}
+    # one server per candidate (k = 0 without a draft), and the drafter loaded with its schedule at 0 everywhere
+    assert sorted(configs) == ["tiny-tune-k0", "tiny-tune-k0-drafter", "tiny-tune-k1", "tiny-tune-k2"]
+    assert configs["tiny-tune-k0"] is None and configs["tiny-tune-k2"]["num_speculative_tokens"] == 2
+    assert configs["tiny-tune-k0-drafter"]["num_speculative_tokens_per_batch_size"] == [[1, 16, 0]]
+    idle = report["vllm_drafter_idle"]
+    assert set(idle) == {"1", "4"} and all(m["acceptance_length"] == 1.0 for m in idle.values())
+    assert set(report["vllm_choice"]) == set(report["choice"])
     assert_reaped([s["pid"] for s in report["servers"]])
     tau = {(r["draft_len"], r["concurrency"]): r["measured_tokens_per_step"] for r in report["table"]}
     # 10 tokens: the prefill's, then k=1 emits 2,2,2,2,1 (9 in 5 steps) and k=2 emits 3,3,3 (9 in 3 steps)
     assert tau[(0, 1)] == pytest.approx(1.0) and tau[(1, 4)] == pytest.approx(1.8) and tau[(2, 1)] == pytest.approx(3.0)
     assert report["per_position_acceptance"] == pytest.approx([1.0, 1.0])
     assert report["runtime"] == "vllm" and set(report["choice"]) == {"1", "4"}
+
+
+def test_vllm_choice_weighs_a_scheduled_zero_at_its_measured_cost():
+    """vLLM's 0 still runs the drafter: where plain decoding won, the best of that idle 0 and every chain is used."""
+    from specconvert.stages.tune import vllm_choice
+
+    rates = {(0, 1): 10.0, (1, 1): 12.0, (2, 1): 13.0, (0, 4): 48.0, (1, 4): 45.0, (2, 4): 39.0}
+    choice = {1: 2, 4: 0}
+    assert vllm_choice(choice, rates, {1: 8.0, 4: 40.0}, 0.03) == {1: 2, 4: 1}  # chain 1 beats the idle drafter
+    assert vllm_choice(choice, rates, {1: 8.0, 4: 46.0}, 0.03) == {1: 2, 4: 0}  # the idle drafter is cheaper
+    # plain decoding wins everywhere: the bundle serves the target alone, a true 0, whatever the idle drafter costs
+    assert vllm_choice({1: 0, 4: 0}, rates, {1: 1.0, 4: 1.0}, 0.03) == {1: 0, 4: 0}
