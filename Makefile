@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
 
-.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train clean
+.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -95,3 +95,8 @@ bench-demo: $(STAMP)
 # Held-out tau of a trained head against training minutes (each budget a separate run; data synthesized once).
 bench-train: $(STAMP)
 	$(VPY) benchmarks/bench_train.py $(BENCH_ARGS)
+
+# The tuned demo bundle against every fixed chain length (1, 2, 3) and the baseline on vLLM, one interleaved run;
+# prints tok/s per arm and the speed target (tuned >= 0.97x the best other arm, >= 1.0x the baseline). After `make demo`.
+bench-tune: $(STAMP) $(VLLM_STAMP)
+	$(VPY) benchmarks/bench_tune.py --recipe $(RECIPE) --vllm-python $(abspath $(VLLM_VENV))/bin/python $(BENCH_ARGS)
