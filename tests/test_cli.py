@@ -106,7 +106,10 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
         "    time.sleep(60)\n"
         "main(['sleepy'])\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    from tests.helpers.signals import default_sigint
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.2)

@@ -142,8 +142,10 @@ def test_ctrl_c_stops_the_server_group(project, fake_trtllm_serve, tmp_path):
     """SIGINT to a running serve-test: exit 130, no server or grandchild left, no partial outputs."""
     env = {**os.environ, "FAKE_TRTLLM_MODE": "hang", "SPECCONVERT_DEBUG": "0"}
     project.write(request_timeout_s=60)
+    from tests.helpers.signals import default_sigint
+
     proc = subprocess.Popen([sys.executable, "-m", "specconvert", "serve-test", str(project.recipe_path), *TRT],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 60
         while not _servers(fake_trtllm_serve) and time.monotonic() < deadline:
