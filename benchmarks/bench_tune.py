@@ -1,11 +1,12 @@
 """`make bench-tune`: the tuned bundle against every fixed chain length and the baseline, on vLLM, in one run.
 
-    python benchmarks/bench_tune.py [--recipe R] [--fixed 1,2,3] [--repeats 3] [--num-requests 8] [--max-tokens 32]
+    python benchmarks/bench_tune.py [--recipe R] [--fixed 1,2,3] [--repeats 5] [--num-requests 8] [--max-tokens 32]
 
 Needs the demo's tune and build (`make demo`, or convert + tune + build). Runs
 `specconvert bench` with every fixed chain length as an extra arm (`bench.fixed_draft_lens`), all
 vLLM servers up at once (`runtime.vllm_servers: together`, 1 GiB of KV cache each so five fit in
-24 GiB) and the runs interleaved baseline, k1, k2, k3, tuned, ... per level. It prints output
+24 GiB) and the runs interleaved per level, the order of baseline, k1, k2, k3, tuned rotating
+each round. It prints output
 tok/s per arm and level, and the speed target of issue 14:
 
 - tuned >= 0.97x the best of {baseline, every fixed chain length} at each level;
@@ -34,7 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", type=Path, default=RECIPE)
     ap.add_argument("--fixed", default="1,2,3", help="fixed chain lengths to run beside the tuned bundle")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds per level; 5 puts each of the 5 arms in each position once")
     ap.add_argument("--num-requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
@@ -49,7 +50,8 @@ def main() -> int:
         print(f"bench-tune: no tune result in {recipe.workdir_path / 'tune'}: run `make demo` (or tune + build) first",
               file=sys.stderr)
         return 2
-    choice = {int(b): int(k) for b, k in (tune.get("choice") or {}).items()}
+    # what the bundle's vLLM server drafts per level (vLLM's own choice, where tune priced its scheduled 0)
+    choice = {int(b): int(k) for b, k in (tune.get("vllm_choice") or tune.get("choice") or {}).items()}
     out = recipe.workdir_path / "bench-tune"
     fixed = [int(k) for k in args.fixed.split(",") if k.strip()]
     command = [sys.executable, "-m", "specconvert", "bench", str(args.recipe), "--out", str(out),

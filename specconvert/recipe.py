@@ -309,7 +309,8 @@ class BenchSpec(_Strict):
     concurrency: list[int] = Field([1, 4, 16], min_length=1, description="Concurrency levels (requests in flight); each is a separate pair of runs.")
     repeats: int = Field(
         2, ge=1, le=50,
-        description="Baseline/speculative run pairs per concurrency level, interleaved A B A B so machine drift cancels; "
+        description="Rounds of runs per concurrency level, every arm once per round, the order rotating each round "
+        "(A B, B A, ...) so machine drift cancels; "
         "the speedup spread is taken over these pairs.",
     )
     max_tokens: int = Field(128, ge=1, le=131072, description="`max_tokens` of every prompt-set request.")
@@ -383,7 +384,7 @@ class RuntimeSpec(_Strict):
         "auto",
         description="bench starts one vLLM server per arm (speculative, baseline, `fixed-kN`; serve-test always runs "
         "its two one after the other): "
-        "`together` = all up at once, so bench interleaves their runs A B C A B C and machine drift cancels; "
+        "`together` = all up at once, so bench interleaves their runs (A B C, B C A, ...) and machine drift cancels; "
         "`sequential` = one after the other (never two in RAM; bench's ratios then carry the drift between the "
         "halves, and the report says so); `auto` = together when the available memory holds every server "
         "(`vllm_kv_cache_gib` + weights + 2.5 GiB each), else sequential, with a warning.",

@@ -39,12 +39,17 @@ def arm_labels(compare_baseline: bool, fixed_labels: list[str] | tuple[str, ...]
 
 def interleaved_schedule(levels: list[int], repeats: int, compare_baseline: bool,
                          fixed_labels: list[str] | tuple[str, ...] = ()) -> list[Run]:
-    """Per level: baseline, [fixed-k1, ...,] speculative, then again, ``repeats`` times, so slow machine drift
-    hits every arm alike."""
+    """Per level, ``repeats`` rounds of every arm, the order rotating by one each round (A B C, B C A, C A B, ...)
+    so slow machine drift, and whatever one run leaves behind for the next, hits every arm alike.
+
+    A fixed order let the arm that always ran last pay for its predecessor: two servers with the same
+    settings measured 5 % apart in `make bench-tune` when one of them always followed the slowest arm."""
+    labels = arm_labels(compare_baseline, fixed_labels)
     order: list[Run] = []
     for level in levels:
         for repeat in range(repeats):
-            order += [Run(label, level, repeat) for label in arm_labels(compare_baseline, fixed_labels)]
+            shift = repeat % len(labels)
+            order += [Run(label, level, repeat) for label in labels[shift:] + labels[:shift]]
     return order
 
 

@@ -443,7 +443,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         "servers": servers,
         "arms": arm_info,
         "schedule": measured["schedule"],
-        "order": measured.get("order", f"interleaved: {', '.join(labels)}, then again, per level"),
+        "order": measured.get("order", f"interleaved: {', '.join(labels)}, the order rotating by one each repeat, per level"),
         "servers_together": measured.get("servers_together"),
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "levels": levels,

@@ -24,11 +24,14 @@ QUICK = ["--set", "bench.prompts=synthetic", "--set", "bench.num_requests=2", "-
          "--set", "bench.warmup_requests=0", "--set", "bench.plots=false"]
 
 
-def test_schedule_runs_every_arm_in_turn_per_repeat():
-    order = [r.name for r in interleaved_schedule([1, 4], 2, True, ["fixed-k1", "fixed-k3"])]
+def test_schedule_runs_every_arm_in_turn_rotating_each_repeat():
+    order = [r.name for r in interleaved_schedule([1, 4], 4, True, ["fixed-k1", "fixed-k3"])]
     assert order[:8] == ["baseline-c1-r0", "fixed-k1-c1-r0", "fixed-k3-c1-r0", "speculative-c1-r0",
-                         "baseline-c1-r1", "fixed-k1-c1-r1", "fixed-k3-c1-r1", "speculative-c1-r1"]
-    assert len(order) == 16 and order[8] == "baseline-c4-r0"
+                         "fixed-k1-c1-r1", "fixed-k3-c1-r1", "speculative-c1-r1", "baseline-c1-r1"]
+    assert len(order) == 32 and order[16] == "baseline-c4-r0"
+    # over 4 repeats every arm runs once in every position, so none always follows the same one
+    for label in ("baseline", "fixed-k1", "fixed-k3", "speculative"):
+        assert sorted(order[:16].index(f"{label}-c1-r{r}") - 4 * r for r in range(4)) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("value, message", [([0], "1..16"), ([2, 2], "twice"), ("all", "fixed_draft_lens")])
@@ -119,7 +122,7 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     assert report["arms"][-1]["tuned"] is True
     assert report["servers_together"]["together"] is True
     assert report["schedule"][:6] == ["baseline-c1-r0", "fixed-k3-c1-r0", "speculative-c1-r0",
-                                      "baseline-c1-r1", "fixed-k3-c1-r1", "speculative-c1-r1"]
+                                      "fixed-k3-c1-r1", "speculative-c1-r1", "baseline-c1-r1"]
     configs = {s["label"]: s for s in report["servers"]}
     assert set(configs) == {"baseline", "fixed-k3", "speculative"}
     by_name = {s["argv"][s["argv"].index("--served-model-name") + 1]: _spec_config(s) for s in

@@ -67,7 +67,7 @@ def test_bench_on_vllm_together_interleaves(project, cli, fake_vllm):
     assert result.code == 0, result.stderr[-2000:]
     report = result.json()["report"]
     assert report["order"].startswith("interleaved")
-    assert report["schedule"] == ["baseline-c1-r0", "speculative-c1-r0", "baseline-c1-r1", "speculative-c1-r1"]
+    assert report["schedule"] == ["baseline-c1-r0", "speculative-c1-r0", "speculative-c1-r1", "baseline-c1-r1"]
     assert {s["label"] for s in report["servers"]} == {"speculative", "baseline"}
     assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
     assert_reaped([s["pid"] for s in report["servers"]])
