@@ -95,12 +95,8 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
     out = []
     servers = vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
                             recipe.name, tuned)
-    for n in fixed:
-        build_n = recipe.build.model_copy(update={"max_draft_len": n})
-        args = vllm.server_args(artifacts["target_dir"], artifacts["vllm_draft"], build_n, recipe.runtime,
-                                f"{recipe.name}-k{n}")
-        servers.append(vllm.ServerLaunch(fixed_label(n), [python, "-m", vllm.MODULE, *args],
-                                         vllm.server_env(recipe.runtime), f"{recipe.name}-k{n}"))
+    servers += [vllm.chain_launch(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
+                                  recipe.name, n, fixed_label(n)) for n in fixed]
     for server in servers:
         if only in (None, server.label):
             # argv ends with --host/--port, added per start (a free port each time)
@@ -114,18 +110,6 @@ def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, lo
     """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
     with _started(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir, startup_timeout_s) as info:
         yield info
-
-
-def vllm_together(recipe: Any, engine_dir: Path, servers: int) -> tuple[bool, str]:
-    """Whether ``servers`` vLLM servers go up at once (``runtime.vllm_servers``; ``auto`` checks the RAM), and why."""
-    from ..backends.vllm import memory
-    from ..manifest import require_manifest
-
-    artifacts = require_manifest(engine_dir, "build", "build").get("artifacts") or {}
-    weights = memory.weights_gib([artifacts.get("target_dir"), artifacts.get("vllm_draft")])
-    mode, why = memory.choose(recipe.runtime.vllm_servers, servers,
-                              memory.server_gib(recipe.runtime.vllm_kv_cache_gib, weights), memory.available_gib())
-    return mode == "together", why
 
 
 @contextmanager

@@ -88,9 +88,11 @@ def run(
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url (the speculative endpoint)", fix="pass both, or neither")
 
-    fixed = fixed_draft_lens(bench, recipe, engine_manifest, url)
-    fixed_labels = [f"fixed-k{n}" for n in fixed]
+    from ..bench.servers import fixed_label
+
     tuned = bool(engine_manifest and (engine_manifest.get("decisions") or {}).get("tuned"))
+    fixed = fixed_draft_lens(bench, recipe, tuned, url)
+    fixed_labels = [fixed_label(n) for n in fixed]
     loaded = load_prompt_samples(bench.prompts, base_dir) if bench.prompts != "synthetic" else None
     api = resolve_api(bench.api, loaded[0] if loaded else None)
     payloads, workload = build_payloads(bench, base_dir, api, loaded)
@@ -102,7 +104,7 @@ def run(
         "time": time.time(),  # a measurement is never "up to date"
     }
     max_draft_len = recipe.build.max_draft_len if recipe is not None else None
-    draft_lens = {"speculative": max_draft_len, **{f"fixed-k{n}": n for n in fixed}}
+    draft_lens = {"speculative": max_draft_len, **{fixed_label(n): n for n in fixed}}
     vllm = url is None and recipe.runtime.backend == "vllm"
     counters = None
     if vllm:
@@ -112,16 +114,19 @@ def run(
         payloads = [{**p, "return_token_ids": True} for p in payloads]
     together, why = True, None
     if vllm:
-        from ..bench.servers import vllm_together
+        from ..backends.vllm import memory
 
-        together, why = vllm_together(recipe, engine_dir, len(arm_labels(bench.compare_baseline, fixed_labels)))
+        artifacts = engine_manifest.get("artifacts") or {}
+        mode, why = memory.choose_for(recipe.runtime, len(arm_labels(bench.compare_baseline, fixed_labels)),
+                                      [artifacts.get("target_dir"), artifacts.get("vllm_draft")])
+        together = mode == "together"
         if not together and recipe.runtime.vllm_servers == "auto":
             output.warn(f"bench: {why}: the vLLM servers run one after the other, so machine drift between them is not "
                         "cancelled (runtime.vllm_servers: together forces them up at once)")
     with stage_dir(out_dir, STAGE, inputs) as stage:
         if not together:
             measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,
-                                                                  stage.path, draft_lens, counters, fixed)
+                                                                  stage.path, draft_lens, counters, fixed_labels)
         else:
             if url is None:
                 from ..bench.servers import recipe_servers
@@ -139,7 +144,7 @@ def run(
         if why:
             measured["servers_together"] = {"together": together, "why": why}
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
-                           servers=server_info, tuned=tuned, fixed=fixed)
+                           servers=server_info, tuned=tuned, fixed_labels=fixed_labels)
         trt = None
         if bench_script is not None:
             from ..bench.trtllm_bench import run_trtllm_bench
@@ -162,10 +167,10 @@ def run(
     return BenchResult(report, out_dir, final)
 
 
-def fixed_draft_lens(bench: Any, recipe: Any, engine_manifest: dict[str, Any] | None, url: str | None) -> list[int]:
-    """The ``fixed-kN`` arms: ``bench.fixed_draft_lens``, where ``auto`` = the recipe's own chain next to a tuned bundle."""
+def fixed_draft_lens(bench: Any, recipe: Any, tuned: bool, url: str | None) -> list[int]:
+    """The ``fixed-kN`` arms: ``bench.fixed_draft_lens``, where ``auto`` = the recipe's own chain next to a tuned
+    bundle (``tuned``: the bundle carries a tune result)."""
     if bench.fixed_draft_lens == "auto":
-        tuned = (engine_manifest or {}).get("decisions", {}).get("tuned") if engine_manifest else None
         return [recipe.build.max_draft_len] if (url is None and recipe is not None and tuned) else []
     lens = list(bench.fixed_draft_lens)
     if lens and url is not None:
@@ -180,23 +185,24 @@ def fixed_draft_lens(bench: Any, recipe: Any, engine_manifest: dict[str, Any] | 
 
 def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str, Any]], recipe: Any, recipe_path: Path,
                                   engine_dir: Path, log_dir: Path, draft_lens: dict[str, int | None],
-                                  counters: Any, fixed: list[int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                                  counters: Any, fixed_labels: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """vLLM on a small machine: the baseline server's runs, then each other arm's (never two up at once).
     Without interleaving, machine drift between the parts is not cancelled: the report says so."""
-    from ..bench.servers import fixed_label, vllm_server
+    from ..bench.servers import vllm_server
 
-    labels = arm_labels(bench.compare_baseline, [fixed_label(n) for n in fixed])
+    fixed = [draft_lens[label] for label in fixed_labels]
+    labels = arm_labels(bench.compare_baseline, fixed_labels)
     parts, servers = [], []
     for label in labels:
         with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s, fixed) as started:
-            if label.startswith("fixed-k"):
-                model = f"{recipe.name}-k{label[len('fixed-k'):]}"
+            if label in fixed_labels:
+                model = f"{recipe.name}-k{draft_lens[label]}"
             else:
                 model = (bench.model if label == "speculative" else bench.baseline_model) or (
                     recipe.name if label == "speculative" else f"{recipe.name}-baseline")
             parts.append(asyncio.run(_measure(bench, api, payloads, started, default_model=None,
                                               draft_lens=draft_lens, counters=counters,
-                                              fixed_labels=[fixed_label(n) for n in fixed], only=(label, model))))
+                                              fixed_labels=fixed_labels, only=(label, model))))
             servers += started["servers"]
     measured = parts[0]
     for part in parts[1:]:
@@ -370,10 +376,9 @@ def versus_best(level: dict[str, Any], labels: list[str]) -> dict[str, Any] | No
 
 
 def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], name: str | None,
-              servers: list[dict[str, Any]], tuned: bool = False, fixed: list[int] | None = None) -> dict[str, Any]:
+              servers: list[dict[str, Any]], tuned: bool = False, fixed_labels: list[str] | None = None) -> dict[str, Any]:
     runs = measured["runs"]
-    fixed = fixed or []
-    fixed_labels = [f"fixed-k{n}" for n in fixed]
+    fixed_labels = fixed_labels or []
     labels = arm_labels(bench.compare_baseline, fixed_labels)
     draft_lens = measured["draft_lens"]
     levels = []

@@ -107,9 +107,7 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
         body = {k: sample[k] for k in ("messages", "prompt") if k in sample} or {"prompt": sample.get("text", "")}
         payloads.append({**body, "max_tokens": tune.max_tokens, "temperature": 0.0, "stream": True,
                          "stream_options": {"include_usage": True}, **vllm.REQUEST_EXTRA})
-    per_server = memory.server_gib(recipe.runtime.vllm_kv_cache_gib,
-                                   memory.weights_gib([artifacts["target_dir"], artifacts["draft_dir"]]))
-    mode, why = memory.choose(recipe.runtime.vllm_servers, len(launches), per_server, memory.available_gib())
+    mode, why = memory.choose_for(recipe.runtime, len(launches), [artifacts["target_dir"], artifacts["draft_dir"]])
     if mode != "together" and recipe.runtime.vllm_servers == "auto":
         output.warn(f"tune: {why}: one vLLM server at a time, so drift between the candidates is not cancelled "
                     "(runtime.vllm_servers: together forces them up at once)")

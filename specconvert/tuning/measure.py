@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -115,14 +114,12 @@ def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime:
     from ..backends.vllm import launch as vllm
     from ..bench.servers import HOST
 
-    build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
+    idle = None
     if draft_len == DRAFTER_IDLE:
         idle = {"speculate": True, "num_speculative_tokens": 1,
                 "num_speculative_tokens_per_batch_size": [[1, build.max_batch_size, 0]]}
-        args = vllm.server_args(target_dir, overlay, build_k, runtime, f"{name}-k0-drafter", idle)
-        return [python, "-m", vllm.MODULE, *args, "--host", HOST], {**os.environ, **vllm.server_env(runtime)}
-    args = vllm.server_args(target_dir, overlay if draft_len else None, build_k, runtime, f"{name}-k{draft_len}")
-    return [python, "-m", vllm.MODULE, *args, "--host", HOST], {**os.environ, **vllm.server_env(runtime)}
+    server = vllm.chain_launch(python, target_dir, overlay, build, runtime, name, max(draft_len, 0), _label(draft_len), idle)
+    return [*server.argv, "--host", HOST], {**os.environ, **server.env}
 
 
 def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads: Sequence[dict[str, Any]],
@@ -137,9 +134,8 @@ def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads
     servers: list[dict[str, Any]] = []
     groups = [list(launches)] if together else [[k] for k in launches]
     for group in groups:
-        with ExitStack() as stack:
-            started = stack.enter_context(_started([(_label(k), *launches[k], True) for k in group],
-                                                   log_dir, startup_timeout_s, stage="tune"))
+        with _started([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
+                      stage="tune") as started:
             urls = {k: started[_label(k)] for k in group}
             asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
             servers += started["servers"]

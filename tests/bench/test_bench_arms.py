@@ -177,9 +177,9 @@ def test_an_untuned_bundle_gets_no_fixed_arm_by_default(tuned_bundle):
     from specconvert.stages.bench import fixed_draft_lens
 
     recipe = load_recipe(tuned_bundle[1])
-    assert fixed_draft_lens(recipe.bench, recipe, {"decisions": {"tuned": None}}, None) == []
-    assert fixed_draft_lens(recipe.bench, recipe, {"decisions": {"tuned": {"vllm": {}}}}, None) == [3]
-    assert fixed_draft_lens(recipe.bench, recipe, {"decisions": {"tuned": {"vllm": {}}}}, "http://h:1") == []
+    assert fixed_draft_lens(recipe.bench, recipe, False, None) == []
+    assert fixed_draft_lens(recipe.bench, recipe, True, None) == [3]
+    assert fixed_draft_lens(recipe.bench, recipe, True, "http://h:1") == []
 
 
 def test_reference_server_serves_a_fixed_chain_on_request(tuned_bundle):

@@ -103,6 +103,16 @@ def launches(python: str, target_dir: str, draft_dir: str, build: Any, runtime: 
     ]
 
 
+def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runtime: Any, name: str, draft_len: int,
+                 label: str, tuned: dict[str, Any] | None = None) -> ServerLaunch:
+    """A server drafting a fixed chain of ``draft_len`` (0: the target alone), served as ``<name>-k<draft_len>``:
+    bench's ``fixed-kN`` arms and tune's candidates. ``tuned`` overrides the draft settings as in :func:`server_args`."""
+    served = f"{name}-k{draft_len}" if tuned is None else f"{name}-{label}"
+    build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
+    args = server_args(target_dir, draft_dir if (draft_len or tuned) else None, build_k, runtime, served, tuned)
+    return ServerLaunch(label, [python, "-m", MODULE, *args], server_env(runtime), served)
+
+
 def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, name: str, title: str,
                  tuned: dict[str, Any] | None = None) -> str:
     """``engine/vllm/serve.sh`` (or ``serve-baseline.sh`` for ``draft_dir=None``): the argv above, rendered by

@@ -18,7 +18,7 @@ Available memory is the kernel's ``MemAvailable``, capped by a cgroup v2 ``memor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 GIB = 1024 ** 3
 OVERHEAD_GIB = 2.5
@@ -87,6 +87,12 @@ def available_gib(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = Pat
     """RAM this process could still take, in GiB (None when unknown: not Linux)."""
     found = [v for v in (_meminfo_available(meminfo), _cgroup_headroom(cgroup_root, proc_self_cgroup)) if v is not None]
     return min(found) if found else None
+
+
+def choose_for(runtime: Any, servers: int, weight_dirs: Iterable[str | Path | None]) -> tuple[str, str]:
+    """:func:`choose` for ``servers`` vLLM servers of ``runtime`` loading the weights in ``weight_dirs``."""
+    per_server = server_gib(runtime.vllm_kv_cache_gib, weights_gib(weight_dirs))
+    return choose(runtime.vllm_servers, servers, per_server, available_gib())
 
 
 def choose(mode: str, servers: int, per_server_gib: float, available: float | None) -> tuple[str, str]:
