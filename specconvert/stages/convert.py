@@ -191,6 +191,7 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
         if trained is not None:
             extra["training"] = trained.manifest_section()
             extra["training"]["evaluation"] = _evaluate(recipe, p, target_section["dir"], staging.path / "draft", timings)
+            extra["training"]["loss_plot"] = _loss_plot(trained, staging.path, final)
         manifest = staging.finish(
             artifacts={"target_dir": str(target_section.pop("dir")), "draft_dir": str(staging.path / "draft")},
             target=target_section,
@@ -218,6 +219,15 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
         # training ran before the staging directory opened: count it in the stage's total
         manifest["timings"]["total_s"] = round(manifest["timings"]["total_s"] + timings.get("train_s", 0.0), 3)
     return staging.manifest, False
+
+
+
+def _loss_plot(trained: Any, staging: Path, final: Path) -> str | None:
+    """training-loss.png beside the manifest: training against held-out loss, so memorising shows."""
+    from ..training.plots import write_loss_plot
+
+    written = write_loss_plot(trained.result.history, staging / "training-loss.png")
+    return str(final / written.name) if written else None
 
 
 def _train(recipe: Recipe, p: ConvertPlan, target_fingerprint: Any, timings: dict[str, float]):

@@ -74,6 +74,8 @@ def test_convert_trains_exports_and_measures_a_head_that_beats_the_untrained_one
     assert after["acceptance_length"] >= before["acceptance_length"] + 0.5, (before, after)
     assert len(after["per_position_acceptance"]) == 3
     assert "tree-8x5-32" in section["evaluation"]["shapes"]
+    # the training picture (training vs held-out loss) lies beside the manifest
+    assert Path(section["loss_plot"]).read_bytes()[:4] == b"\x89PNG"
     # unchanged inputs: the stage is reused, nothing retrained
     again = cli("convert", recipe(tmp_path, target, steps=60), "--json")
     assert again.code == 0 and again.json()["skipped"] is True
