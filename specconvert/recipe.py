@@ -387,7 +387,7 @@ class RuntimeSpec(_Strict):
         "`together` = all up at once, so bench interleaves their runs (A B C, B C A, ...) and machine drift cancels; "
         "`sequential` = one after the other (never two in RAM; bench's ratios then carry the drift between the "
         "halves, and the report says so); `auto` = together when the available memory holds every server "
-        "(`vllm_kv_cache_gib` + weights + 2.5 GiB each), else sequential, with a warning.",
+        "(`vllm_kv_cache_gib` + the weights at `vllm_dtype` + 2.5 GiB each), else sequential, with a warning.",
     )
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."
