@@ -393,7 +393,9 @@ class RuntimeSpec(_Strict):
         "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."
     )
     vllm_max_model_len: int | None = Field(
-        2048, ge=16, description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len."
+        None, ge=16,
+        description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len, the context every engine of "
+        "the bundle gets. A different value caps vLLM alone, and build warns.",
     )
     vllm_memory_fraction: float = Field(
         0.3, gt=0, le=1,

@@ -54,6 +54,26 @@ def speculative_config(draft_dir: str, num_speculative_tokens: int) -> dict[str,
     return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens)}
 
 
+def max_model_len(build: Any, runtime: Any) -> int:
+    """vLLM's context: ``runtime.vllm_max_model_len`` when set, else ``build.max_seq_len`` like every other engine."""
+    return int(runtime.vllm_max_model_len or build.max_seq_len)
+
+
+def context_length_warnings(build: Any, runtime: Any) -> list[str]:
+    """A warning when vLLM's context differs from the one the bundle's other engines get (``build.max_seq_len``).
+
+    A warning, not a refusal: ``runtime.vllm_max_model_len`` exists to cap vLLM alone (a CPU test box whose RAM
+    holds less KV), so a recipe that sets it asked for the difference; the warning, kept in the manifest, makes
+    sure nobody deploys the capped vLLM believing it serves the TensorRT-LLM/SGLang context.
+    """
+    vllm_len = max_model_len(build, runtime)
+    if vllm_len == build.max_seq_len:
+        return []
+    return [f"runtime.vllm_max_model_len: {vllm_len} differs from build.max_seq_len: {build.max_seq_len}, which "
+            f"TensorRT-LLM and SGLang get: the bundle's vLLM serves {vllm_len} tokens of context; drop "
+            "runtime.vllm_max_model_len (or set build.max_seq_len) so every engine serves the same context"]
+
+
 def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, served_model_name: str,
                 tuned: dict[str, Any] | None = None) -> list[str]:
     """The api_server arguments after ``python -m MODULE``; ``draft_dir=None`` = the baseline twin.
@@ -64,7 +84,7 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
     """
     args = ["--model", str(target_dir), "--served-model-name", served_model_name,
             "--dtype", runtime.vllm_dtype,
-            "--max-model-len", str(runtime.vllm_max_model_len or build.max_seq_len),
+            "--max-model-len", str(max_model_len(build, runtime)),
             "--max-num-seqs", str(build.max_batch_size),
             "--tensor-parallel-size", str(build.tensor_parallel_size)]
     if build.moe_expert_parallel_size > 1:
