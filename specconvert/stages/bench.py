@@ -30,6 +30,7 @@ from ..bench.workload import Run, arm_labels, build_payloads, interleaved_schedu
 from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import manifest_hash, read_manifest, require_current_engine, require_manifest, stage_dir, write_json_atomic
 from ..serving.urls import redact_url
+from ..workdir import workdir_lock
 
 STAGE = "bench"
 
@@ -54,7 +55,17 @@ def bench_dir(recipe: Any) -> Path:
     return recipe.workdir_path / "bench"
 
 
-def run(
+def run(bench: Any, out_dir: Path, base_dir: Path, *, recipe: Any = None, **options: Any) -> BenchResult:
+    """Measure and write the report. ``recipe`` is needed unless ``url`` is given.
+
+    With a recipe, its workdir is locked before ``engine/`` is first read and until the report is written,
+    also when ``--out`` lies outside it: a build cannot swap the bundle under a running bench.
+    """
+    with workdir_lock(recipe.workdir_path) if recipe is not None else nullcontext():
+        return _run(bench, out_dir, base_dir, recipe=recipe, **options)
+
+
+def _run(
     bench: Any,
     out_dir: Path,
     base_dir: Path,
@@ -67,7 +78,6 @@ def run(
     trtllm_bench: bool = False,
     name: str | None = None,
 ) -> BenchResult:
-    """Measure and write the report. ``recipe`` is needed unless ``url`` is given."""
     engine_dir = recipe.workdir_path / "engine" if recipe is not None else None
     if recipe is not None and (url is None or trtllm_bench):
         require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/

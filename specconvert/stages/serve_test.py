@@ -39,6 +39,7 @@ from ..serving.metrics import request_stats
 from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
 from ..serving.urls import redact_url
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
+from ..workdir import workdir_lock
 
 STAGE = "serve-test"
 HOST = "127.0.0.1"
@@ -541,7 +542,15 @@ class ServeTestResult:
 
 def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url: str | None = None,
         baseline_url: str | None = None, port: int | None = None, drafter: str = "eagle") -> ServeTestResult:
-    """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code."""
+    """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code.
+
+    The workdir is locked before ``engine/`` is first read, so a build cannot swap the bundle mid-test."""
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+
+
+def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str | None, baseline_url: str | None,
+         port: int | None, drafter: str) -> ServeTestResult:
     overrides = list(overrides or [])
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
