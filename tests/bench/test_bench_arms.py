@@ -114,7 +114,7 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     exe, log = fake_vllm
     out = tmp_path / "bench"
     result = cli("bench", path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
-                 "--set", "bench.repeats=2", "--out", out, *QUICK)
+                 "--set", "bench.repeats=2", "--out", out, *QUICK, "--set", "bench.num_requests=4")
     assert result.code == 0, result.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     # auto: the recipe's own chain (build.max_draft_len 3) joins, all three servers up at once, runs interleaved
@@ -136,6 +136,12 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     # the double accepts min(2, n) drafts per step: tau 3 for the fixed chain of 3, 2 for the tuned chain of 1
     assert level1["fixed"]["fixed-k3"]["acceptance"]["acceptance_length"] == pytest.approx(3.0, abs=0.35)
     assert level1["acceptance"]["acceptance_length"] == pytest.approx(2.0, abs=0.35)
+    # above batch 1 the tuned schedule rules: 4 requests in flight draft nothing (off from batch 3), while the
+    # fixed chain still drafts 3 at the same batch
+    level4 = report["levels"][1]
+    assert level4["concurrency"] == 4
+    assert level4["acceptance"]["acceptance_length"] == pytest.approx(1.0, abs=0.15)
+    assert level4["fixed"]["fixed-k3"]["acceptance"]["acceptance_length"] == pytest.approx(3.0, abs=0.35)
     assert level1["fixed"]["fixed-k3"]["speculative_vs_this"]["output_tokens_per_s"]["pairs"] == 2
     vb = level1["versus_best"]
     assert vb["best_other"] in ("baseline", "fixed-k3")

@@ -71,3 +71,21 @@ def test_bench_on_vllm_together_interleaves(project, cli, fake_vllm):
     assert {s["label"] for s in report["servers"]} == {"speculative", "baseline"}
     assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
     assert_reaped([s["pid"] for s in report["servers"]])
+
+
+def test_serve_test_on_vllm_passes_when_the_engine_accepts_what_the_reference_accepts(project, cli, fake_vllm,
+                                                                                       monkeypatch):
+    """The oracle's passing side through the double (issue 20, item 10): the tiny random head accepts nothing on the
+    reference decoder, and a double that accepts nothing (tau 1, every position 0) agrees with it."""
+    exe, log = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_ACCEPT", "0")
+    result = cli("serve-test", project.recipe_path, "--set", "runtime.backend=vllm",
+                 "--set", f"runtime.vllm_python={exe}", "--set", "runtime.vllm_threads=1", "--json")
+    report = result.json()
+    oracle = report["oracle"]
+    assert oracle["reference"]["acceptance_length"] == pytest.approx(1.0)
+    assert oracle["engine"]["acceptance_length"] == pytest.approx(1.0)
+    assert oracle["passed"] and oracle["status"] == "agrees" and oracle["found"] == [], oracle["message"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["oracle: engine acceptance agrees with the reference decoder"]["passed"]
+    assert_reaped([s["pid"] for s in report["servers"]])
