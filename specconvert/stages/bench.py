@@ -341,7 +341,7 @@ def _acceptance(items: list[dict[str, Any]] | None, recs: list[M.RequestRecord],
     With counters, the chunk estimate of the same requests and its error are recorded beside them."""
     chunks = M.acceptance_from_chunks(recs)
     if counted:
-        from ..serving.acceptance import combine
+        from ..acceptance import combine
 
         total = combine(counted)
         if total is not None and total.available:

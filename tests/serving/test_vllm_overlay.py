@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from specconvert.backends.vllm import overlay
 from specconvert.serving import oracle
-from specconvert.serving.acceptance import from_counts
+from specconvert.acceptance import from_counts
 
 AUX = [2, 15, 27]
 

@@ -12,31 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Sequence
 
-from ...serving.acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
-from .versions import in_release_window
+from ...acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
+from .versions import line_for
 
 PROMETHEUS_DRAFT = "trtllm_spec_decode_num_draft_tokens_total"
 PROMETHEUS_ACCEPTED = "trtllm_spec_decode_num_accepted_tokens_total"
-
-
-@lru_cache(maxsize=None)
-def sources_table() -> dict[str, Any]:
-    path = resources.files("specconvert") / "data" / "trtllm" / "acceptance_sources.json"
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def line_for(version: str) -> dict[str, Any]:
-    """The table row of the version line ``version`` (``1.3.0rc20`` -> ``1.3-early``)."""
-    lines = sources_table()["lines"]
-    for row in lines:
-        before = row["before"]
-        if in_release_window(version, row["first"]) and (before is None or not in_release_window(version, before)):
-            return row
-    return lines[0]  # older than every line: versions.spelling_for refuses those before anything is read
 
 
 # ------------------------------------------------------------------ one parser per source (pure)

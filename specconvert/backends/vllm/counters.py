@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...serving.acceptance import Acceptance, from_counts, unavailable
+from ...acceptance import Acceptance, from_counts, unavailable
 
 SOURCE = "vllm counters"
 PREFIX = "vllm:spec_decode_"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EnvironmentMissing
+from ..script import Shell, env, render_script
 
 MODULE = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = ("run `make .venv-vllm` (or: python3 -m venv .venv-vllm; .venv-vllm/bin/pip install torch==2.13.0; "
@@ -136,14 +137,12 @@ def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runti
 def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, name: str, title: str,
                  tuned: dict[str, Any] | None = None) -> str:
     """``engine/vllm/serve.sh`` (or ``serve-baseline.sh`` for ``draft_dir=None``): the argv above, rendered by
-    ``backends.launch.render_script`` (every word quoted, comment lines escaped).
+    ``backends.script.render_script`` (every word quoted, comment lines escaped).
 
     ``tuned`` (vLLM's settings from `specconvert tune`): ``num_speculative_tokens`` and, where the
     choice varies with the batch, ``num_speculative_tokens_per_batch_size``; without speculation
     (``tuned["speculate"]`` false) the speculative script serves the target alone.
     """
-    from ..launch import Shell, env, render_script
-
     args = server_args(target_dir, draft_dir, build, runtime, name if draft_dir else f"{name}-baseline", tuned)
     if tuned is not None and not tuned["speculate"]:
         draft_dir = None
