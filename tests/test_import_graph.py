@@ -128,6 +128,23 @@ def test_no_upward_import():
     assert [u for u in PENDING_UPWARD if u not in upward] == [], "fixed: remove it from PENDING_UPWARD"
 
 
+def private_imports() -> list[str]:
+    """``from specconvert.x import _name`` of another module's private name, anywhere in the package."""
+    mods = modules()
+    out = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("specconvert")):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        out.append(f"{name}: from {'.' * node.level}{node.module or ''} import {alias.name}")
+    return sorted(out)
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert private_imports() == []
+
+
 def test_the_checks_see_a_circle_and_an_upward_arrow():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer("specconvert.backends.vllm.launch") == 4 < layer("specconvert.serving.oracle") == 5

@@ -36,7 +36,7 @@ from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
 from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.metrics import request_stats
-from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+from ..serving.process import ServerProcess, ServerStartError, port_in_use, sigterm_unwinds, start_healthy
 from ..serving.urls import redact_url
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
 from ..workdir import workdir_lock
@@ -273,33 +273,19 @@ class ServeRun:
 
     def _start(self, phase: Phase, record: ServerRecord) -> tuple[ServerProcess, str]:
         launch = phase.launch
-        attempts = 1 if launch.port is not None else 2  # a picked port can be taken before the server binds it
-        for attempt in range(attempts):
-            port = launch.port or free_port(HOST)
-            base_url = phase.url_for_port(port)
-            log_path = self.out_dir / f"server-{_slug(phase.name)}.log"
-            command = launch.command_for_port(port)
-            record.url, record.command, record.log = base_url, command, str(log_path)
+        log_path = self.out_dir / f"server-{_slug(phase.name)}.log"
+
+        def started(server: ServerProcess, command: list[str], base_url: str) -> None:
+            record.url, record.command, record.log, record.pid = base_url, command, str(log_path), server.pid
             output.log(f"serve-test: starting {launch.name} on {base_url}: {' '.join(command)}")
-            server = ServerProcess(command, base_url, log_path, env=launch.env, name=launch.name).start()
-            record.pid = server.pid
-            try:
-                record.startup_s = round(server.wait_healthy(self.spec.startup_timeout_s), 3)
-                output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
-                return server, base_url
-            except ServerStartError as exc:
-                server.stop()
-                taken = any("address already in use" in line.lower() or "errno 98" in line.lower() for line in exc.log_tail)
-                if taken and attempt + 1 < attempts:
-                    output.log(f"serve-test: port {port} was taken meanwhile; retrying on another port")
-                    continue
-                if taken:
-                    raise ServerStartError(f"{exc} (port {port} is in use)", exc.log_tail, exc.returncode) from None
-                raise
-            except BaseException:
-                server.stop()
-                raise
-        raise AssertionError("unreachable")
+
+        server, base_url, took = start_healthy(
+            launch.command_for_port, phase.url_for_port, log_path, self.spec.startup_timeout_s,
+            env_for_port=lambda port: launch.env, name=launch.name, port=launch.port, host=HOST, on_start=started,
+            on_retry=lambda port: output.log(f"serve-test: port {port} was taken meanwhile; retrying on another port"))
+        record.startup_s = round(took, 3)
+        output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
+        return server, base_url
 
     def _wait_endpoint(self, base_url: str) -> None:
         import httpx

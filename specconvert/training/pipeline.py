@@ -113,7 +113,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     torch = require("torch")
     transformers = require("transformers")
     from ..backends.modelopt.eagle import EagleArch
-    from ..reference.decoder import _eos_ids
+    from ..reference.decoder import eos_ids
 
     from . import distributed
 
@@ -134,7 +134,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         target.eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
         bar.advance(task)
-    stop_ids = list(_eos_ids(target_path, tokenizer))
+    stop_ids = list(eos_ids(target_path, tokenizer))
     with output.progress() as bar:
         sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint, bar, world)
     if data.synthesized_tokens:
