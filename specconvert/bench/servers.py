@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .. import output
+from ..backends.names import fixed_chain_model
 from ..errors import ExternalFailure, InputError
 
 HOST = "127.0.0.1"
@@ -55,7 +56,7 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
         launches.append(("speculative+baseline", command, None, True))
         for n in fixed:
             fixed_command = [*command, "--draft-len", str(n)]
-            fixed_command[fixed_command.index("--model-name") + 1] = f"{recipe.name}-k{n}"
+            fixed_command[fixed_command.index("--model-name") + 1] = fixed_chain_model(recipe.name, n)
             launches.append((fixed_label(n), fixed_command, None, True))
     else:
         trt = engine_dir / "trtllm"

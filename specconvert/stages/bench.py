@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, output
+from ..backends.names import fixed_chain_model
 from ..bench import metrics as M
 from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stream_request
 from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
@@ -206,7 +207,7 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
     for label in labels:
         with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s, fixed) as started:
             if label in fixed_labels:
-                model = f"{recipe.name}-k{draft_lens[label]}"
+                model = fixed_chain_model(recipe.name, draft_lens[label])
             else:
                 model = (bench.model if label == "speculative" else bench.baseline_model) or (
                     recipe.name if label == "speculative" else f"{recipe.name}-baseline")

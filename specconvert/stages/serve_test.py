@@ -162,13 +162,10 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
                 trtllm_version=(manifest.get("decisions") or {}).get("trtllm_version"))
 
     def trtllm(options: str):
-        def command(p: int) -> list[str]:
-            cmd = [exe, str(artifacts["target_dir"]), "--backend", "pytorch", "--host", HOST, "--port", str(p),
-                   "--tp_size", str(build.tensor_parallel_size)]
-            if build.moe_expert_parallel_size > 1:
-                cmd += ["--ep_size", str(build.moe_expert_parallel_size)]
-            return cmd + ["--extra_llm_api_options", str(options)]
-        return command
+        from ..backends.launch import trtllm_serve_argv
+
+        return lambda p: [str(word) for group in trtllm_serve_argv(str(artifacts["target_dir"]), build, HOST, p, options,
+                                                                   exe=exe) for word in group]
 
     return [
         Phase("trtllm-serve (speculative)", _local, [(SPECULATIVE, None)],

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EnvironmentMissing
+from ..names import fixed_chain_model
 from ..script import Shell, env, render_script
 
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -128,7 +129,7 @@ def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runti
                  label: str, tuned: dict[str, Any] | None = None) -> ServerLaunch:
     """A server drafting a fixed chain of ``draft_len`` (0: the target alone), served as ``<name>-k<draft_len>``:
     bench's ``fixed-kN`` arms and tune's candidates. ``tuned`` overrides the draft settings as in :func:`server_args`."""
-    served = f"{name}-k{draft_len}" if tuned is None else f"{name}-{label}"
+    served = fixed_chain_model(name, draft_len) if tuned is None else f"{name}-{label}"
     build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
     args = server_args(target_dir, draft_dir if (draft_len or tuned) else None, build_k, runtime, served, tuned)
     return ServerLaunch(label, [python, "-m", MODULE, *args], server_env(runtime), served)
