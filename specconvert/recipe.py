@@ -423,8 +423,9 @@ class RuntimeSpec(_Strict):
         "auto",
         description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
         "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
-        "use (affinity mask capped by the cgroup CPU quota) times the share of the host its 1-minute load average "
-        "leaves idle, at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
+        "use (affinity mask capped by the cgroup CPU quota) times the share of the host other processes leave idle "
+        "(measured over 0.25 s of /proc/stat when the command starts, and again as convert's synthesis, training and "
+        "evaluation start), at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
         "2-core machine.",
     )
 
