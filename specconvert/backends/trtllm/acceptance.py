@@ -11,10 +11,10 @@ fails on a number that does not exist.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Sequence
 
 from ...acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
+from .. import prometheus
 from .versions import line_for
 
 PROMETHEUS_DRAFT = "trtllm_spec_decode_num_draft_tokens_total"
@@ -44,20 +44,11 @@ def from_iteration_stats(items: Sequence[Any]) -> Acceptance:
                        accepted_tokens=accepted)
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> metric name -> value summed over label sets (ranks, models)."""
     totals: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match or line.startswith("#"):
-            continue
-        try:
-            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-        except ValueError:
-            continue
+    for name, _labels, value in prometheus.samples(text):
+        totals[name] = totals.get(name, 0.0) + value
     return totals
 
 
