@@ -59,10 +59,12 @@ def bench_dir(recipe: Any) -> Path:
 def run(bench: Any, out_dir: Path, base_dir: Path, *, recipe: Any = None, **options: Any) -> BenchResult:
     """Measure and write the report. ``recipe`` is needed unless ``url`` is given.
 
-    With a recipe, its workdir is locked before ``engine/`` is first read and until the report is written,
-    also when ``--out`` lies outside it: a build cannot swap the bundle under a running bench.
+    When bench reads the recipe's bundle (no ``--url``, or ``--trtllm-bench``), the workdir is locked before
+    ``engine/`` is first read and until the report is written, also when ``--out`` lies outside it: a build
+    cannot swap the bundle under a running bench. Benching a ``--url`` reads nothing there and locks nothing.
     """
-    with workdir_lock(recipe.workdir_path) if recipe is not None else nullcontext():
+    reads_engine = recipe is not None and (options.get("url") is None or options.get("trtllm_bench"))
+    with workdir_lock(recipe.workdir_path) if reads_engine else nullcontext():
         return _run(bench, out_dir, base_dir, recipe=recipe, **options)
 
 

@@ -121,3 +121,25 @@ def test_bench_and_serve_test_lock_the_workdir_before_reading_the_engine(tmp_pat
             serve_test.run(recipe, path)
     assert held == [True]
     assert not (recipe.workdir_path / LOCK_NAME).exists()  # and let go afterwards
+
+
+def test_bench_of_a_url_leaves_the_workdir_alone(tmp_path, monkeypatch):
+    """--url reads nothing of the bundle, so a read-only or absent workdir is no reason to fail."""
+    import yaml
+
+    from specconvert.recipe import load_recipe
+    from specconvert.stages import bench as bench_stage
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "workdir": "work", "target": {"model": "m"},
+                                    "draft": {"init": "random"}}))
+    recipe = load_recipe(path)
+
+    def measured(*args, **kwargs):
+        assert not recipe.workdir_path.exists()
+        raise _Stop
+
+    monkeypatch.setattr(bench_stage, "stage_dir", measured)
+    with pytest.raises(_Stop):
+        bench_stage.run(recipe.bench.model_copy(update={"prompts": "synthetic"}), tmp_path / "out" / "bench", tmp_path,
+                        recipe=recipe, recipe_path=path, url="http://127.0.0.1:9")
