@@ -387,13 +387,15 @@ class RuntimeSpec(_Strict):
         "`together` = all up at once, so bench interleaves their runs (A B C, B C A, ...) and machine drift cancels; "
         "`sequential` = one after the other (never two in RAM; bench's ratios then carry the drift between the "
         "halves, and the report says so); `auto` = together when the available memory holds every server "
-        "(`vllm_kv_cache_gib` + weights + 2.5 GiB each), else sequential, with a warning.",
+        "(`vllm_kv_cache_gib` + the weights at `vllm_dtype` + 2.5 GiB each), else sequential, with a warning.",
     )
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."
     )
     vllm_max_model_len: int | None = Field(
-        2048, ge=16, description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len."
+        None, ge=16,
+        description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len, the context every engine of "
+        "the bundle gets. A different value caps vLLM alone, and build warns.",
     )
     vllm_memory_fraction: float = Field(
         0.3, gt=0, le=1,
@@ -421,8 +423,9 @@ class RuntimeSpec(_Strict):
         "auto",
         description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
         "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
-        "use (affinity mask capped by the cgroup CPU quota) times the share of the host its 1-minute load average "
-        "leaves idle, at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
+        "use (affinity mask capped by the cgroup CPU quota) times the share of the host other processes leave idle "
+        "(measured over 0.25 s of /proc/stat when the command starts, and again as convert's synthesis, training and "
+        "evaluation start), at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
         "2-core machine.",
     )
 

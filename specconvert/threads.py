@@ -12,9 +12,11 @@ Then the load: CPUs other processes keep busy are not ours either. Measured on a
 machine at load average 6-9, SmolLM2 bf16 decoded at 0.56 tok/s with 2 threads and 4.97 tok/s
 with 1 (torch's intra-op threads wait for each other at every op, and one of them is always
 descheduled). So ``auto`` takes the share of the host that other processes leave idle, measured over a
-quarter second of /proc/stat when the command starts (the 1-minute load average would still
-count the pipeline's previous steps): ``round(cpus × (1 − min(1, busy / host_cpus)))``, at
-least 1. The reading is the host's (not namespaced), hence compared with the host's CPU count. Inter-op threads are 1: the reference
+quarter second of /proc/stat (the load average would still count the pipeline's previous steps):
+``round(cpus × (1 − min(1, busy / host_cpus)))``, at least 1. It is measured when a command starts
+and again at the start of each phase of a long one (:func:`apply_for_phase`: synthesis, training,
+evaluation), so a short burst of other work at the start (a ``pip install``) does not pin a
+30-minute convert to one of two idle cores. The reading is the host's (not namespaced), hence compared with the host's CPU count. Inter-op threads are 1: the reference
 decoder runs one graph at a time, extra pools only compete for the same cores. An explicit
 ``OMP_NUM_THREADS`` in the environment is the operator's choice and wins over ``auto``
 (torch's default honours it too); an integer setting wins over both.
@@ -159,7 +161,8 @@ def resolve(setting: int | str | None, affinity: int | None = None, quota: float
             load: tuple[float | None, int | None] | None = None) -> int:
     """Intra-op threads for ``runtime.threads`` / ``--threads`` (``auto``, None or an int >= 1).
 
-    ``load`` = (1-minute load average, host CPUs); None reads this machine's (``(None, None)``: ignore load).
+    ``load`` = (CPUs other processes keep busy, host CPUs), as :func:`host_load` measures it; None measures it
+    now (``(None, None)``: ignore load).
     """
     if setting is None or setting == "auto":
         omp = (os.environ if env is None else env).get("OMP_NUM_THREADS", "").strip()
@@ -204,3 +207,16 @@ def apply(setting: int | str | None) -> dict[str, Any]:
         interop = torch.get_num_interop_threads()
     return {"setting": "auto" if setting in (None, "auto") else setting, "intra_op": threads, "inter_op": interop,
             "busy_cpus_at_start": None if load_avg is None else round(load_avg, 2), "host_cpus": host_cpus}
+
+
+def apply_for_phase(setting: int | str | None, phase: str) -> dict[str, Any]:
+    """:func:`apply` again as a phase of a long command starts (``synthesis``, ``training``, ``evaluation``):
+    ``auto`` measures the host's load anew instead of keeping what it saw when the command started. Logged."""
+    from . import output
+
+    chosen = apply(setting)
+    if chosen["setting"] == "auto":
+        busy = chosen["busy_cpus_at_start"]
+        output.log(f"threads for {phase}: {chosen['intra_op']} (auto"
+                   + (f"; {busy:g} of {chosen['host_cpus']} host CPUs busy)" if busy is not None else ")"))
+    return {**chosen, "phase": phase}

@@ -129,3 +129,40 @@ def test_host_load_reads_proc_stat_not_the_load_average(tmp_path, monkeypatch):
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an average that says idle
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     assert threads.host_load(window_s=0, stat=stat) == (2.0, 2)
+
+
+def test_auto_decides_again_at_each_phase(monkeypatch):
+    """Issue 20: a burst of load when the command started must not pin the later phases to one thread."""
+    import torch
+
+    from specconvert import threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
+    loads = [(2.0, 2)]  # a pip install at the start, then an idle machine
+    monkeypatch.setattr(threads, "host_load", lambda *a, **k: loads.pop() if loads else (0.0, 2))
+    before = torch.get_num_threads()
+    try:
+        assert threads.apply("auto")["intra_op"] == 1
+        chosen = threads.apply_for_phase("auto", "training")
+        assert chosen["intra_op"] == 2 and chosen["phase"] == "training" and torch.get_num_threads() == 2
+        assert threads.apply_for_phase(1, "evaluation")["intra_op"] == 1  # an integer stays what it says
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_convert_decides_threads_for_synthesis_training_and_evaluation(monkeypatch, tmp_path):
+    """The phases of a training convert each call threads.apply_for_phase (none did on 55e493a)."""
+    from specconvert import threads
+    from tests.training.test_convert_train import recipe
+    from tests.tiny_models import write_tiny_target
+    from tests.serving.conftest import _cli
+
+    phases = []
+    real = threads.apply_for_phase
+    monkeypatch.setattr(threads, "apply_for_phase", lambda setting, phase: phases.append(phase) or real(1, phase))
+    target = write_tiny_target(tmp_path / "target", logit_scale=30.0, eos_token_id=255)
+    path = recipe(tmp_path, target, steps=2, eval_samples=1)
+    assert _cli("convert", path) == 0
+    assert phases == ["synthesis", "training", "evaluation"]

@@ -1,11 +1,9 @@
 """Launch files of the deployment bundle: trtllm-serve / trtllm-bench, vLLM, SGLang.
 
 Scripts point at the target and draft (absolute paths) rather than copying them. Every
-script is rendered by ``render_script``: each word ``shlex.quote``d, comment lines with
-control characters escaped, environment defaults assigned on their own lines. Paths,
-model names and JSON arguments therefore reach the program as one argument each, and
-nothing from a recipe or a path is ever run (issue 11, item 5). ``runtime.host`` is
-also validated by the recipe schema.
+script is rendered by ``backends.script.render_script`` (each word quoted, comment lines
+escaped: nothing from a recipe or a path is ever run). ``runtime.host`` is also validated
+by the recipe schema.
 
 vLLM and SGLang take the auxiliary layers from the draft's ``config.json`` only, and
 each reads a different key in a different numbering, so each gets a small draft
@@ -27,11 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
+
+from .script import Shell, env, render_script
+from .vllm.launch import serve_script
 
 # trtllm-bench dataset rows: {"task_id", "prompt" | "input_ids", "output_tokens"}
 # (TensorRT-LLM docs, performance/perf-benchmarking: "Preparing a Dataset").
@@ -46,78 +44,6 @@ BENCH_PROMPTS = (
     "Describe how a hash map handles collisions.",
 )
 BENCH_OUTPUT_TOKENS = 128
-
-
-class Shell(str):
-    """Text written into a script as is (not quoted): only constant fragments authored in this
-    module, such as ``"$HOST"`` or ``"$HERE/dataset.jsonl"``. Recipe values and paths never are."""
-
-
-def env(name: str) -> Shell:
-    """The double-quoted expansion of a variable the script sets (``"$HOST"``)."""
-    return Shell(f'"${_env_name(name)}"')
-
-
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
-
-
-def _env_name(name: str) -> str:
-    if not _ENV_NAME.fullmatch(name):
-        raise ValueError(f"not a shell variable name: {name!r}")
-    return name
-
-
-def shell_word(value: Any) -> str:
-    """One argument as bash reads it back unchanged: ``Shell`` fragments as written, all else ``shlex.quote``d.
-
-    ``shlex.quote`` single-quotes anything outside ``[A-Za-z0-9@%+=:,./_-]``, so ``$()``,
-    backticks, quotes, globs and newlines stay data (a newline inside single quotes is
-    part of the word, not the end of the command).
-    """
-    return str(value) if isinstance(value, Shell) else shlex.quote(str(value))
-
-
-def comment_safe(text: str) -> str:
-    """Text for a ``#`` comment line: control, format and separator characters escaped.
-
-    A newline in a path would end the comment and run the rest as a command; CR, bidi
-    overrides and other invisible characters could make a comment show other text
-    than bash reads (Trojan Source). Letters of every script stay as they are.
-    """
-    out = []
-    for ch in str(text):
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def render_script(title: str, comments: Sequence[str], env_defaults: dict[str, Any],
-                  argv: Sequence[Sequence[Any]]) -> str:
-    """A bash launch script that ``exec``s one command; every engine's script goes through here.
-
-    - ``title`` and ``comments`` become ``#`` lines (``comment_safe``);
-    - ``env_defaults``: variables the user may override from the environment (``HOST=0.0.0.0
-      serve.sh``). Each default is assigned on its own line, quoted unless it is a ``Shell``
-      fragment, and never expanded inside ``${VAR:-...}`` where quoting would not apply;
-    - ``argv``: the command, one group of words per script line; ``"$@"`` is appended so
-      extra flags pass through. ``HERE`` (the script's folder) is set before anything else.
-    """
-    lines = ["#!/usr/bin/env bash", f"# {comment_safe(title)}"]
-    lines += [f"# {comment_safe(line)}" if line else "#" for line in comments]
-    # `--`: a bundle under a folder named like an option (-x) is still a folder.
-    lines += ["set -euo pipefail", 'HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"']
-    for name, default in env_defaults.items():
-        lines.append(f'if [[ -z "${{{_env_name(name)}:-}}" ]]; then {name}={shell_word(default)}; fi')
-    groups = [list(group) for group in argv if list(group)]
-    if not groups:
-        raise ValueError("a launch script needs a command")
-    groups[-1].append(Shell('"$@"'))
-    words = [" ".join(shell_word(word) for word in group) for group in groups]
-    lines.append("exec " + " \\\n  ".join(words))
-    return "\n".join(lines) + "\n"
 
 
 def write_executable(path: Path, text: str) -> None:
@@ -157,10 +83,18 @@ def _endpoint(runtime: Any) -> dict[str, Any]:
     return {"HOST": runtime.host, "PORT": runtime.port}
 
 
-def trtllm_serve(target_dir: str, build: Any, runtime: Any, title: str) -> str:
+def trtllm_serve_argv(target_dir: str, build: Any, host: Any, port: Any, options: Any,
+                      exe: str = "trtllm-serve") -> list[list[Any]]:
+    """trtllm-serve's command line, one group of words per script line: the one place it is built. The bundle's
+    ``serve.sh`` passes ``$HOST``/``$PORT``/``$OPTIONS``, serve-test the values it starts the server with."""
     parallel = ["--tp_size", build.tensor_parallel_size]
     if build.moe_expert_parallel_size > 1:
         parallel += ["--ep_size", build.moe_expert_parallel_size]
+    return [[exe, target_dir], ["--backend", "pytorch"], ["--host", host, "--port", port], parallel,
+            ["--extra_llm_api_options", options]]
+
+
+def trtllm_serve(target_dir: str, build: Any, runtime: Any, title: str) -> str:
     return render_script(
         title,
         ["trtllm-serve with EAGLE-3. Generated by `specconvert build`; regenerate rather than edit.",
@@ -168,11 +102,7 @@ def trtllm_serve(target_dir: str, build: Any, runtime: Any, title: str) -> str:
          "  OPTIONS=engine/trtllm/baseline.yaml engine/trtllm/serve.sh   # same settings, no speculation",
          "Multi-GPU / multi-node: see docs/build.md (trtllm-llmapi-launch under Slurm/MPI)."],
         {**_endpoint(runtime), "OPTIONS": Shell('"$HERE/llm_api_options.yaml"')},
-        [["trtllm-serve", target_dir],
-         ["--backend", "pytorch"],
-         ["--host", env("HOST"), "--port", env("PORT")],
-         parallel,
-         ["--extra_llm_api_options", env("OPTIONS")]],
+        trtllm_serve_argv(target_dir, build, env("HOST"), env("PORT"), env("OPTIONS")),
     )
 
 
@@ -201,15 +131,11 @@ def vllm_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, title:
                tuned: dict[str, Any] | None = None) -> str:
     """The bundle's vLLM ``serve.sh``: argv built once in ``backends.vllm.launch`` (also what serve-test runs);
     ``tuned``: vLLM's schedule from `specconvert tune`."""
-    from .vllm.launch import serve_script
-
     return serve_script(target_dir, draft_dir, build, runtime, name, title, tuned=tuned)
 
 
 def vllm_serve_baseline(target_dir: str, build: Any, runtime: Any, title: str, name: str = "specconvert") -> str:
     """``serve-baseline.sh``: the same server without speculation (the lossless and speed baseline)."""
-    from .vllm.launch import serve_script
-
     return serve_script(target_dir, None, build, runtime, name, title)
 
 

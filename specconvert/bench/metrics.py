@@ -212,7 +212,7 @@ def acceptance_from_server(items: Sequence[dict[str, Any]], max_draft_len: int |
 
 
 def acceptance_from_reader(acc: Any) -> dict[str, Any] | None:
-    """A ``serving.acceptance.Acceptance`` (e.g. a TensorRT-LLM line's reader) in bench's acceptance shape;
+    """An ``acceptance.Acceptance`` (e.g. a TensorRT-LLM line's reader) in bench's acceptance shape;
     None when it measured nothing, so the caller falls back to :func:`acceptance_from_chunks`."""
     if acc is None or not acc.available:
         return None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .. import output
+from ..backends.names import fixed_chain_model
 from ..errors import ExternalFailure, InputError
 
 HOST = "127.0.0.1"
@@ -55,7 +56,7 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
         launches.append(("speculative+baseline", command, None, True))
         for n in fixed:
             fixed_command = [*command, "--draft-len", str(n)]
-            fixed_command[fixed_command.index("--model-name") + 1] = f"{recipe.name}-k{n}"
+            fixed_command[fixed_command.index("--model-name") + 1] = fixed_chain_model(recipe.name, n)
             launches.append((fixed_label(n), fixed_command, None, True))
     else:
         trt = engine_dir / "trtllm"
@@ -74,7 +75,7 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
         for label, options, draft_len in arms:
             shared = _shared_memory_options(options, log_dir / f"{label}_options.yaml", len(arms), draft_len)
             launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}, False))
-    with _started(launches, log_dir, startup_timeout_s) as info:
+    with started_servers(launches, log_dir, startup_timeout_s) as info:
         yield info
 
 
@@ -108,35 +109,41 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
 def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
                 startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
     """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
-    with _started(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir, startup_timeout_s) as info:
+    with started_servers(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir,
+                         startup_timeout_s) as info:
         yield info
 
 
 @contextmanager
-def _started(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
-             stage: str = "bench") -> Iterator[dict[str, Any]]:
-    from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
+def started_servers(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
+                    stage: str = "bench") -> Iterator[dict[str, Any]]:
+    """Start every launch (through ``serving.process.start_healthy``: free port, retried once when taken) and yield
+    ``{label: url, ..., "servers": [...]}``; every server is stopped when the block ends. A server that does not
+    come up is exit 4 (:class:`ExternalFailure`) naming its log."""
+    from ..serving.process import ServerStartError, sigterm_unwinds, start_healthy
 
     info: dict[str, Any] = {"servers": []}
     with ExitStack() as stack, sigterm_unwinds():
         for label, command, env, port_argument in launches:
-            port = free_port(HOST)
-            url = f"http://{HOST}:{port}"
-            if port_argument:
-                command = command + ["--port", str(port)]
-            else:
-                env = {**env, "HOST": HOST, "PORT": str(port)}
             log_path = log_dir / f"server-{label.replace('+', '-')}.log"
-            output.log(f"{stage}: starting {label} server on {url}")
-            server = stack.enter_context(ServerProcess(command, url, log_path, env=env, name=f"{label} server"))
             try:
-                took = server.wait_healthy(startup_timeout_s)
+                server, url, took = start_healthy(
+                    lambda port, command=command, by_argument=port_argument: (
+                        command + ["--port", str(port)] if by_argument else command),
+                    lambda port: f"http://{HOST}:{port}", log_path, startup_timeout_s,
+                    env_for_port=lambda port, env=env, by_argument=port_argument: (
+                        env if by_argument else {**env, "HOST": HOST, "PORT": str(port)}),
+                    name=f"{label} server", host=HOST,
+                    on_start=lambda server, argv, url, label=label: output.log(
+                        f"{stage}: starting {label} server on {url}"),
+                    on_retry=lambda port: output.log(f"{stage}: port {port} was taken meanwhile; retrying on another"))
             except ServerStartError as exc:
                 tail = "; ".join(exc.log_tail[-3:])
                 raise ExternalFailure(f"{stage}: {exc}" + (f" (log: {tail})" if tail else ""),
                                       fix=f"see {log_path}; raise {stage}.startup_timeout_s if it was still loading") from None
-            info["servers"].append({"label": label, "url": url, "pid": server.pid, "command": command, "log": str(log_path),
-                                    "startup_s": round(took, 2)})
+            stack.callback(server.stop)
+            info["servers"].append({"label": label, "url": url, "pid": server.pid, "command": server.command,
+                                    "log": str(log_path), "startup_s": round(took, 2)})
             for side in label.split("+"):
                 info[side] = url
         yield info

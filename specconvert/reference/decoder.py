@@ -148,7 +148,7 @@ def resolve_dtype(dtype: str | torch.dtype, target_dir: str | Path) -> torch.dty
     return _DTYPES[dtype]
 
 
-def _eos_ids(target_dir: Path, tokenizer) -> tuple[int, ...]:
+def eos_ids(target_dir: Path, tokenizer) -> tuple[int, ...]:
     """Generation config eos ids first (SmolLM2 stops on <|im_end|>), then the tokenizer's."""
     ids: list[int] = []
     gen = Path(target_dir) / "generation_config.json"
@@ -219,7 +219,7 @@ class ReferenceDecoder:
                     fix="use a head trained for this target",
                 )
         tokenizer = _load_tokenizer(target_dir)
-        return cls(target, head, tokenizer, drafter, _eos_ids(target_dir, tokenizer))
+        return cls(target, head, tokenizer, drafter, eos_ids(target_dir, tokenizer))
 
     @classmethod
     def from_convert_manifest(cls, manifest: dict[str, Any], device: str = "auto", dtype: str = "auto",

@@ -19,7 +19,8 @@ from ..errors import InputError
 _LAYER_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers", "model.language_model.layers")
 
 
-def _find_layers(model: nn.Module) -> nn.ModuleList:
+def find_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM, at the first of the known attribute paths that holds them."""
     for path in _LAYER_PATHS:
         obj = model
         try:
@@ -47,7 +48,7 @@ class TargetModel:
     def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None):
         self.model = model.eval()
         self.config = model.config
-        self.layers = _find_layers(model)
+        self.layers = find_layers(model)
         self.aux_layer_ids = list(aux_layer_ids or [])
         n = len(self.layers)
         bad = [i for i in self.aux_layer_ids if not 0 <= i < n]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .acceptance import combine, from_stream_chunks
+from ..acceptance import combine, from_stream_chunks
 
 
 def tokens_of(completion: Any) -> int:

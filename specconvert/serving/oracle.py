@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .acceptance import Acceptance, from_counts
+from ..acceptance import Acceptance, from_counts
 
 REFERENCE_SOURCE = "reference decoder (greedy, in-process)"
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 LOG_TAIL_LINES = 20
 
@@ -185,6 +185,50 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def port_taken(log_tail: Sequence[str]) -> bool:
+    """Whether a server's last log lines say its port was taken (uvicorn, vLLM and trtllm-serve alike)."""
+    return any("address already in use" in line.lower() or "errno 98" in line.lower() for line in log_tail)
+
+
+def start_healthy(command_for_port: Callable[[int], Sequence[str]], url_for_port: Callable[[int], str], log_path: Path,
+                  timeout_s: float, *, env_for_port: Callable[[int], dict[str, str] | None] = lambda port: None,
+                  name: str = "server", port: int | None = None, host: str = "127.0.0.1",
+                  on_start: Callable[[ServerProcess, list[str], str], None] | None = None,
+                  on_retry: Callable[[int], None] | None = None) -> tuple[ServerProcess, str, float]:
+    """Start a server and wait until ``/health`` answers: the one start loop of serve-test, bench and tune.
+
+    Without a fixed ``port`` a free one is picked; another process can take it before the server binds it,
+    so a start that fails on a taken port is retried once on another (``on_retry(port)`` says so).
+    ``on_start(server, command, url)`` runs as each process starts (to log and record it). Returns the
+    running server, its URL and the seconds it took; on failure the server is stopped and
+    :class:`ServerStartError` raised.
+    """
+    attempts = 1 if port is not None else 2
+    for attempt in range(attempts):
+        chosen = port or free_port(host)
+        url = url_for_port(chosen)
+        command = [str(word) for word in command_for_port(chosen)]
+        server = ServerProcess(command, url, log_path, env=env_for_port(chosen), name=name).start()
+        try:
+            if on_start is not None:
+                on_start(server, command, url)
+            return server, url, server.wait_healthy(timeout_s)
+        except ServerStartError as exc:
+            server.stop()
+            taken = port_taken(exc.log_tail)
+            if taken and attempt + 1 < attempts:
+                if on_retry is not None:
+                    on_retry(chosen)
+                continue
+            if taken:
+                raise ServerStartError(f"{exc} (port {chosen} is in use)", exc.log_tail, exc.returncode) from None
+            raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 def _signal_group(pgid: int | None, sig: int) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, output
+from ..backends.names import fixed_chain_model
 from ..bench import metrics as M
 from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stream_request
 from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
@@ -30,6 +31,7 @@ from ..bench.workload import Run, arm_labels, build_payloads, interleaved_schedu
 from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import manifest_hash, read_manifest, require_current_engine, require_manifest, stage_dir, write_json_atomic
 from ..serving.urls import redact_url
+from ..workdir import workdir_lock
 
 STAGE = "bench"
 
@@ -54,7 +56,19 @@ def bench_dir(recipe: Any) -> Path:
     return recipe.workdir_path / "bench"
 
 
-def run(
+def run(bench: Any, out_dir: Path, base_dir: Path, *, recipe: Any = None, **options: Any) -> BenchResult:
+    """Measure and write the report. ``recipe`` is needed unless ``url`` is given.
+
+    When bench reads the recipe's bundle (no ``--url``, or ``--trtllm-bench``), the workdir is locked before
+    ``engine/`` is first read and until the report is written, also when ``--out`` lies outside it: a build
+    cannot swap the bundle under a running bench. Benching a ``--url`` reads nothing there and locks nothing.
+    """
+    reads_engine = recipe is not None and (options.get("url") is None or options.get("trtllm_bench"))
+    with workdir_lock(recipe.workdir_path) if reads_engine else nullcontext():
+        return _run(bench, out_dir, base_dir, recipe=recipe, **options)
+
+
+def _run(
     bench: Any,
     out_dir: Path,
     base_dir: Path,
@@ -67,7 +81,6 @@ def run(
     trtllm_bench: bool = False,
     name: str | None = None,
 ) -> BenchResult:
-    """Measure and write the report. ``recipe`` is needed unless ``url`` is given."""
     engine_dir = recipe.workdir_path / "engine" if recipe is not None else None
     if recipe is not None and (url is None or trtllm_bench):
         require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
@@ -196,7 +209,7 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
     for label in labels:
         with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s, fixed) as started:
             if label in fixed_labels:
-                model = f"{recipe.name}-k{draft_lens[label]}"
+                model = fixed_chain_model(recipe.name, draft_lens[label])
             else:
                 model = (bench.model if label == "speculative" else bench.baseline_model) or (
                     recipe.name if label == "speculative" else f"{recipe.name}-baseline")
@@ -331,7 +344,7 @@ def _acceptance(items: list[dict[str, Any]] | None, recs: list[M.RequestRecord],
     With counters, the chunk estimate of the same requests and its error are recorded beside them."""
     chunks = M.acceptance_from_chunks(recs)
     if counted:
-        from ..serving.acceptance import combine
+        from ..acceptance import combine
 
         total = combine(counted)
         if total is not None and total.available:

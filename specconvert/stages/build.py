@@ -20,6 +20,7 @@ from .. import output
 from .._imports import installed_version
 from ..backends import launch
 from ..backends.trtllm import loader, options as trt_options, rules, versions
+from ..backends.vllm import launch as vllm_launch
 from ..errors import InputError
 from ..manifest import compute_fingerprint, manifest_hash, require_manifest, stage_dir, up_to_date
 from ..workdir import workdir_lock
@@ -142,7 +143,8 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             output.log(f"build: {final} is up to date (use --force to rebuild)")
             return BuildResult(existing, skipped=True)
 
-    warnings = list(target.warnings) + list(report.warnings)
+    warnings = list(target.warnings) + list(report.warnings) + vllm_launch.context_length_warnings(recipe.build,
+                                                                                                     recipe.runtime)
     for message in warnings:
         output.warn(message)
 

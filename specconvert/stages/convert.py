@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import output
+from .. import output, threads
 from .._imports import require
 from ..errors import InputError
 from ..manifest import stage_dir, tree_fingerprint, up_to_date
@@ -257,6 +257,7 @@ def _evaluate(recipe: Recipe, p: ConvertPlan, target_dir: Path, draft_dir: Path,
     tree = recipe.build.tree.model_dump() if recipe.build.tree else {"top_k": 8, "depth": 5, "total_tokens": 32}
     shapes = {f"chain-{recipe.build.max_draft_len}": {"max_draft_len": recipe.build.max_draft_len},
               f"tree-{tree['top_k']}x{tree['depth']}-{tree['total_tokens']}": {"tree": tree}}
+    threads.apply_for_phase(recipe.runtime.threads, "evaluation")
     t0 = time.perf_counter()
     items = load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)[: train.eval_samples]
     with output.progress() as bar:

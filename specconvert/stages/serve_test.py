@@ -36,9 +36,10 @@ from ..serving import junit
 from ..serving.client import OpenAIClient, RequestFailed
 from ..serving.counted import engine_acceptance, per_request_stats, streamed_chunks, tokens_of
 from ..serving.metrics import request_stats
-from ..serving.process import ServerProcess, ServerStartError, free_port, port_in_use, sigterm_unwinds
+from ..serving.process import ServerProcess, ServerStartError, port_in_use, sigterm_unwinds, start_healthy
 from ..serving.urls import redact_url
 from ..serving.verdict import BASELINE, SPECULATIVE, Outcome, evaluate
+from ..workdir import workdir_lock
 
 STAGE = "serve-test"
 HOST = "127.0.0.1"
@@ -161,13 +162,10 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
                 trtllm_version=(manifest.get("decisions") or {}).get("trtllm_version"))
 
     def trtllm(options: str):
-        def command(p: int) -> list[str]:
-            cmd = [exe, str(artifacts["target_dir"]), "--backend", "pytorch", "--host", HOST, "--port", str(p),
-                   "--tp_size", str(build.tensor_parallel_size)]
-            if build.moe_expert_parallel_size > 1:
-                cmd += ["--ep_size", str(build.moe_expert_parallel_size)]
-            return cmd + ["--extra_llm_api_options", str(options)]
-        return command
+        from ..backends.launch import trtllm_serve_argv
+
+        return lambda p: [str(word) for group in trtllm_serve_argv(str(artifacts["target_dir"]), build, HOST, p, options,
+                                                                   exe=exe) for word in group]
 
     return [
         Phase("trtllm-serve (speculative)", _local, [(SPECULATIVE, None)],
@@ -227,7 +225,7 @@ class ServeRun:
         self.transcripts: list[dict[str, Any]] = []
         self.metrics_available: dict[str, bool] = {}
         self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
-        self.acceptance = None  # serving.acceptance.Acceptance from the backend's reader, when there is one
+        self.acceptance = None  # acceptance.Acceptance from the backend's reader, when there is one
         self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
         self.engine_acceptance: dict[str, Any] | None = None
         self.oracle: dict[str, Any] | None = None
@@ -272,33 +270,19 @@ class ServeRun:
 
     def _start(self, phase: Phase, record: ServerRecord) -> tuple[ServerProcess, str]:
         launch = phase.launch
-        attempts = 1 if launch.port is not None else 2  # a picked port can be taken before the server binds it
-        for attempt in range(attempts):
-            port = launch.port or free_port(HOST)
-            base_url = phase.url_for_port(port)
-            log_path = self.out_dir / f"server-{_slug(phase.name)}.log"
-            command = launch.command_for_port(port)
-            record.url, record.command, record.log = base_url, command, str(log_path)
+        log_path = self.out_dir / f"server-{_slug(phase.name)}.log"
+
+        def started(server: ServerProcess, command: list[str], base_url: str) -> None:
+            record.url, record.command, record.log, record.pid = base_url, command, str(log_path), server.pid
             output.log(f"serve-test: starting {launch.name} on {base_url}: {' '.join(command)}")
-            server = ServerProcess(command, base_url, log_path, env=launch.env, name=launch.name).start()
-            record.pid = server.pid
-            try:
-                record.startup_s = round(server.wait_healthy(self.spec.startup_timeout_s), 3)
-                output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
-                return server, base_url
-            except ServerStartError as exc:
-                server.stop()
-                taken = any("address already in use" in line.lower() or "errno 98" in line.lower() for line in exc.log_tail)
-                if taken and attempt + 1 < attempts:
-                    output.log(f"serve-test: port {port} was taken meanwhile; retrying on another port")
-                    continue
-                if taken:
-                    raise ServerStartError(f"{exc} (port {port} is in use)", exc.log_tail, exc.returncode) from None
-                raise
-            except BaseException:
-                server.stop()
-                raise
-        raise AssertionError("unreachable")
+
+        server, base_url, took = start_healthy(
+            launch.command_for_port, phase.url_for_port, log_path, self.spec.startup_timeout_s,
+            env_for_port=lambda port: launch.env, name=launch.name, port=launch.port, host=HOST, on_start=started,
+            on_retry=lambda port: output.log(f"serve-test: port {port} was taken meanwhile; retrying on another port"))
+        record.startup_s = round(took, 3)
+        output.check(True, f"{launch.name} healthy after {record.startup_s:.1f} s")
+        return server, base_url
 
     def _wait_endpoint(self, base_url: str) -> None:
         import httpx
@@ -541,7 +525,15 @@ class ServeTestResult:
 
 def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url: str | None = None,
         baseline_url: str | None = None, port: int | None = None, drafter: str = "eagle") -> ServeTestResult:
-    """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code."""
+    """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code.
+
+    The workdir is locked before ``engine/`` is first read, so a build cannot swap the bundle mid-test."""
+    with workdir_lock(recipe.workdir_path):
+        return _run(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+
+
+def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str | None, baseline_url: str | None,
+         port: int | None, drafter: str) -> ServeTestResult:
     overrides = list(overrides or [])
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import output
+from .. import output, threads
 from .._imports import require
 from ..errors import EnvironmentMissing, InputError
 from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
@@ -113,7 +113,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     torch = require("torch")
     transformers = require("transformers")
     from ..backends.modelopt.eagle import EagleArch
-    from ..reference.decoder import _eos_ids
+    from ..reference.decoder import eos_ids
 
     from . import distributed
 
@@ -134,7 +134,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         target.eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
         bar.advance(task)
-    stop_ids = list(_eos_ids(target_path, tokenizer))
+    stop_ids = list(eos_ids(target_path, tokenizer))
+    threads.apply_for_phase(recipe.runtime.threads, "synthesis")
     with output.progress() as bar:
         sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint, bar, world)
     if data.synthesized_tokens:
@@ -169,6 +170,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     output.log(f"train: {len(train_set)} sequences ({sum(s.trained_tokens for s in train_set)} trained tokens), "
                f"{len(holdout)} held out; {trainer.total_steps} steps of batch {spec.batch_size}{processes}, dtype {dtype_name}, "
                f"budget {f'{spec.max_minutes:g} min' if spec.max_minutes else 'none'}")
+    threads.apply_for_phase(recipe.runtime.threads, "training")
     with output.progress() as bar:
         result = trainer.run(bar, on_step=lambda step: _log_history(trainer, step))
     features.close()

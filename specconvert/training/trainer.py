@@ -76,13 +76,13 @@ class FeatureExtractor:
     """Target forward returning (aux hidden states concatenated, final hidden state)."""
 
     def __init__(self, model: Any, aux_layer_ids: Sequence[int]):
-        from ..reference.target import _find_layers
+        from ..reference.target import find_layers
 
         self.model = model
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.aux_layer_ids = list(aux_layer_ids)
         self._captured: dict[int, Any] = {}
-        layers = _find_layers(model)
+        layers = find_layers(model)
         self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in self.aux_layer_ids]
 
     def _hook(self, index: int):

@@ -114,7 +114,7 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     exe, log = fake_vllm
     out = tmp_path / "bench"
     result = cli("bench", path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
-                 "--set", "bench.repeats=2", "--out", out, *QUICK)
+                 "--set", "bench.repeats=2", "--out", out, *QUICK, "--set", "bench.num_requests=4")
     assert result.code == 0, result.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     # auto: the recipe's own chain (build.max_draft_len 3) joins, all three servers up at once, runs interleaved
@@ -136,6 +136,12 @@ def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baselin
     # the double accepts min(2, n) drafts per step: tau 3 for the fixed chain of 3, 2 for the tuned chain of 1
     assert level1["fixed"]["fixed-k3"]["acceptance"]["acceptance_length"] == pytest.approx(3.0, abs=0.35)
     assert level1["acceptance"]["acceptance_length"] == pytest.approx(2.0, abs=0.35)
+    # above batch 1 the tuned schedule rules: 4 requests in flight draft nothing (off from batch 3), while the
+    # fixed chain still drafts 3 at the same batch
+    level4 = report["levels"][1]
+    assert level4["concurrency"] == 4
+    assert level4["acceptance"]["acceptance_length"] == pytest.approx(1.0, abs=0.15)
+    assert level4["fixed"]["fixed-k3"]["acceptance"]["acceptance_length"] == pytest.approx(3.0, abs=0.35)
     assert level1["fixed"]["fixed-k3"]["speculative_vs_this"]["output_tokens_per_s"]["pairs"] == 2
     vb = level1["versus_best"]
     assert vb["best_other"] in ("baseline", "fixed-k3")
@@ -210,3 +216,59 @@ def test_trtllm_fixed_arm_drops_the_schedule_and_shares_the_gpu(tmp_path):
     same = yaml.safe_load(_shared_memory_options(source, tmp_path / "s.yaml", 3).read_text())
     assert same["speculative_config"]["draft_len_schedule"] == {2: 3, 8: 1}
     assert os.path.exists(tmp_path / "s.yaml") and Path(source).read_text().count("draft_len_schedule") == 1
+
+
+def _safetensors(path: Path, tensors: dict) -> None:
+    """A real safetensors file (zeros) of {name: (dtype, numel)}."""
+    import struct
+
+    width = {"BF16": 2, "F32": 4, "I64": 8}
+    header, offset = {}, 0
+    for name, (dtype, numel) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": [numel], "data_offsets": [offset, offset + numel * width[dtype]]}
+        offset += numel * width[dtype]
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def test_weights_are_counted_at_the_serving_dtype(tmp_path):
+    """float32 serving of a bf16 checkpoint holds twice the file's floats; int tensors (d2t) keep their size."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    _safetensors(tmp_path / "t" / "model.safetensors", {"w": ("BF16", 1024 ** 2), "d2t": ("I64", 1024)})
+    mib = 1024 ** 2 / memory.GIB
+    stored = 2 * mib + 8192 / memory.GIB
+    assert memory.weights_gib([tmp_path / "t"], "bfloat16") == pytest.approx(stored)
+    assert memory.weights_gib([tmp_path / "t"], "auto") == pytest.approx(stored)
+    assert memory.weights_gib([tmp_path / "t"], "float32") == pytest.approx(4 * mib + 8192 / memory.GIB)
+    # a float32 checkpoint under `auto` is downcast to 16 bits by vLLM (_resolve_auto_dtype)
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "config.json").write_text(json.dumps({"dtype": "float32"}))
+    _safetensors(tmp_path / "f" / "model.safetensors", {"w": ("F32", 1024 ** 2)})
+    assert memory.weights_gib([tmp_path / "f"], "auto") == pytest.approx(2 * mib)
+    assert memory.weights_gib([tmp_path / "f"], "float32") == pytest.approx(4 * mib)
+    # a pickle has no header: its size scaled by serving / config dtype
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    (tmp_path / "b" / "pytorch_model.bin").write_bytes(b"\0" * 4096)
+    assert memory.weights_gib([tmp_path / "b"], "float32") == pytest.approx(8192 / memory.GIB)
+
+
+def test_the_ram_decision_uses_the_serving_dtype(tmp_path, monkeypatch):
+    """2 servers of a 1 GiB bf16 checkpoint: together at bf16 (2 x 4.5 GiB), not at float32 (2 x 5.5 GiB) in 10 GiB."""
+    from types import SimpleNamespace
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [512 * 1024 ** 2],
+                               "data_offsets": [0, 1024 ** 3]}}).encode()
+    import struct
+
+    with open(tmp_path / "t" / "model.safetensors", "wb") as fh:  # sparse: 1 GiB on paper
+        fh.write(struct.pack("<Q", len(header)) + header)
+        fh.truncate(8 + len(header) + 1024 ** 3)
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 10.0)
+    runtime = SimpleNamespace(vllm_kv_cache_gib=1, vllm_servers="auto", vllm_dtype="bfloat16")
+    assert memory.choose_for(runtime, 2, [tmp_path / "t"])[0] == "together"
+    assert memory.choose_for(SimpleNamespace(**{**vars(runtime), "vllm_dtype": "float32"}), 2,
+                             [tmp_path / "t"])[0] == "sequential"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specconvert.bench.metrics import Chunk, RequestRecord
-from specconvert.serving.acceptance import from_counts
+from specconvert.acceptance import from_counts
 from specconvert.stages.bench import _acceptance
 
 

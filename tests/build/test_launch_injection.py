@@ -229,6 +229,6 @@ def test_renderer_quotes_even_a_host_that_skipped_validation(tmp_path, stubs, ho
     ("a\u202eb", "a\\u202eb"),  # right-to-left override: a comment that reads otherwise than bash does
 ], ids=["letters-kept", "newline", "carriage-return", "nul", "line-separator", "bidi-override"])
 def test_comment_safe_escapes_what_could_end_or_disguise_a_comment(text, expected):
-    from specconvert.backends.launch import comment_safe
+    from specconvert.backends.script import comment_safe
 
     assert comment_safe(text) == expected

@@ -142,3 +142,26 @@ def test_perf_metrics_are_emitted_for_every_version(project, cli):
     assert build(cli, project, version="1.2").code == 0
     written = options(project)
     assert written["return_perf_metrics"] is True and written["perf_metrics_max_requests"] > 0
+
+
+def _vllm_context(project) -> str:
+    argv = (project.engine / "vllm" / "serve.sh").read_text()
+    return argv.split("--max-model-len ", 1)[1].split()[0]
+
+
+def test_every_engine_of_the_bundle_gets_build_max_seq_len(project, cli):
+    """A GPU recipe asking for 8192 tokens gets them on vLLM too, not vLLM's former 2048 default (issue 20, item 13)."""
+    result = build(cli, project, "build.max_seq_len=8192")
+    assert result.code == 0, result.err
+    assert options(project)["max_seq_len"] == 8192 and _vllm_context(project) == "8192"
+    assert "--context-length 8192" in (project.engine / "sglang" / "serve.sh").read_text()
+    assert not any("vllm_max_model_len" in w for w in result.json()["manifest"]["warnings"])
+
+
+def test_a_vllm_only_context_cap_warns(project, cli):
+    result = build(cli, project, "build.max_seq_len=8192", "runtime.vllm_max_model_len=1024")
+    assert result.code == 0, result.err
+    assert _vllm_context(project) == "1024" and options(project)["max_seq_len"] == 8192
+    warning = [w for w in result.json()["manifest"]["warnings"] if "vllm_max_model_len" in w]
+    assert warning and "differs from build.max_seq_len: 8192" in warning[0] and "1024 tokens" in warning[0]
+    assert "runtime.vllm_max_model_len: 1024 differs" in result.err

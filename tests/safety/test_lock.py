@@ -86,3 +86,60 @@ def test_unusable_workdir_is_bad_input(tmp_path, workdir):
             pass
     assert (tmp_path / "afile").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage, out_elsewhere", [("bench", False), ("bench", True), ("serve-test", False)],
+                         ids=["bench", "bench-out-elsewhere", "serve-test"])
+def test_bench_and_serve_test_lock_the_workdir_before_reading_the_engine(tmp_path, monkeypatch, stage, out_elsewhere):
+    """Issue 20, item 12: the first read of engine/ happens with the workdir lock held, wherever --out points."""
+    import yaml
+
+    from specconvert.recipe import load_recipe
+    from specconvert.stages import bench as bench_stage, serve_test
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "workdir": "work", "target": {"model": "m"},
+                                    "draft": {"init": "random"}}))
+    recipe = load_recipe(path)
+    held = []
+
+    def first_read(workdir):
+        held.append((workdir / LOCK_NAME).exists())
+        raise _Stop
+
+    module = bench_stage if stage == "bench" else serve_test
+    monkeypatch.setattr(module, "require_current_engine", first_read)
+    with pytest.raises(_Stop):
+        if stage == "bench":
+            out = tmp_path / "elsewhere" / "bench" if out_elsewhere else recipe.workdir_path / "bench"
+            bench_stage.run(recipe.bench, out, tmp_path, recipe=recipe, recipe_path=path)
+        else:
+            serve_test.run(recipe, path)
+    assert held == [True]
+    assert not (recipe.workdir_path / LOCK_NAME).exists()  # and let go afterwards
+
+
+def test_bench_of_a_url_leaves_the_workdir_alone(tmp_path, monkeypatch):
+    """--url reads nothing of the bundle, so a read-only or absent workdir is no reason to fail."""
+    import yaml
+
+    from specconvert.recipe import load_recipe
+    from specconvert.stages import bench as bench_stage
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "workdir": "work", "target": {"model": "m"},
+                                    "draft": {"init": "random"}}))
+    recipe = load_recipe(path)
+
+    def measured(*args, **kwargs):
+        assert not recipe.workdir_path.exists()
+        raise _Stop
+
+    monkeypatch.setattr(bench_stage, "stage_dir", measured)
+    with pytest.raises(_Stop):
+        bench_stage.run(recipe.bench.model_copy(update={"prompts": "synthetic"}), tmp_path / "out" / "bench", tmp_path,
+                        recipe=recipe, recipe_path=path, url="http://127.0.0.1:9")

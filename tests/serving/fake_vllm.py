@@ -6,18 +6,28 @@ specconvert looks: ``/health``, ``/v1/models``, chat completions (with ``return_
 streamed or not) and Prometheus ``/metrics`` with the spec-decode counters (``_total``
 suffix, ``engine``/``model_name``/``position`` labels) only when a speculative config was given.
 Every request generates token ids 0..max_tokens-1 (text "t0 t1 ..."): speculative and
-baseline outputs are equal. With speculation each verify step emits 3 tokens and counts one
-draft of ``num_speculative_tokens`` with 2 accepted (positions 0 and 1): tau = 3 (a chain of 1: tau 2).
-A ``num_speculative_tokens_per_batch_size`` schedule is honoured by the requests in flight when
-one arrives: where it gives 0, that request decodes one token per step and drafts nothing.
+baseline outputs are equal. With speculation each verify step emits 1 + A tokens and counts one
+draft of ``num_speculative_tokens`` with A accepted (positions 0..A-1), A = min(``FAKE_VLLM_ACCEPT``
+(default 2), the chain): tau = 3 (a chain of 1: tau 2). ``FAKE_VLLM_ACCEPT=0`` accepts nothing (tau 1).
+
+One engine loop decodes every running request in steps of ``STEP_S`` seconds, as vLLM's scheduler
+does; requests join once the oldest waiting one has waited ``BATCH_WINDOW_S``, so requests sent
+together run (and finish) together. Each step looks its draft length up in the
+``num_speculative_tokens_per_batch_size`` schedule for the number of requests running in it
+(vLLM's lookup by batch size): where it gives 0, that step decodes one token and drafts nothing.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+import time
+
+STEP_S = 0.01
+BATCH_WINDOW_S = 0.05
 
 
 def main(argv: list[str]) -> None:
@@ -38,35 +48,56 @@ def main(argv: list[str]) -> None:
     n_spec = spec["num_speculative_tokens"] if spec else 0
     schedule = (spec or {}).get("num_speculative_tokens_per_batch_size")
     counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * n_spec}
-    in_flight = [0]
+    waiting, running, engine_task = [], [], []
+    accept = int(os.environ.get("FAKE_VLLM_ACCEPT", "2"))
 
-    def k_now():
-        """vLLM's lookup: the schedule's K for the current batch (the last range's beyond it), capped at n_spec."""
+    def k_for(batch):
+        """vLLM's lookup: the schedule's K for this batch size (the last range's beyond it), capped at n_spec."""
         if not schedule:
             return n_spec
         k = schedule[-1][2]
         for start, end, kk in schedule:
-            if start <= in_flight[0] <= end:
+            if start <= batch <= end:
                 k = kk
         return min(k, n_spec)
 
-    def steps(n):
-        """Token-id groups per engine step: the prefill's token, then 3 per verify step (1 without speculation)."""
-        ids, out = list(range(n)), []
-        if ids:
-            out.append(ids[:1])
-        k = k_now()
-        size = 1 + min(2, k) if k else 1  # accepts two drafts, or all of a shorter chain
-        for i in range(1, n, size):
-            out.append(ids[i:i + size])
-            if k:  # a short last step (max_tokens reached) accepted fewer
-                accepted = len(out[-1]) - 1
-                counts["drafts"] += 1
-                counts["draft_tokens"] += k
-                counts["accepted"] += accepted
-                for pos in range(accepted):
-                    counts["pos"][pos] += 1
-        return out
+    async def engine():
+        """One engine step every STEP_S over every running request, at the draft length for that batch size.
+        Waiting requests join once the oldest has waited BATCH_WINDOW_S, so requests sent together run together."""
+        while True:
+            await asyncio.sleep(STEP_S)
+            if waiting and time.monotonic() - waiting[0]["since"] >= BATCH_WINDOW_S:
+                running.extend(waiting)
+                waiting.clear()
+            k = k_for(len(running))
+            for req in list(running):
+                if req["next"] == 0:  # the prefill's token
+                    group = [0]
+                else:
+                    group = list(range(req["next"], min(req["n"], req["next"] + 1 + (min(accept, k) if k else 0))))
+                    if k:  # a short last step (max_tokens reached) accepted fewer
+                        accepted = len(group) - 1
+                        counts["drafts"] += 1
+                        counts["draft_tokens"] += k
+                        counts["accepted"] += accepted
+                        for pos in range(accepted):
+                            counts["pos"][pos] += 1
+                req["next"] += len(group)
+                req["queue"].put_nowait(group)
+                if req["next"] >= req["n"]:
+                    running.remove(req)
+                    req["queue"].put_nowait(None)
+
+    async def steps(n):
+        """Token-id groups per engine step: the prefill's token, then 1 + accepted drafts per verify step."""
+        if not engine_task:
+            engine_task.append(asyncio.create_task(engine()))
+        if n <= 0:
+            return
+        req = {"n": n, "next": 0, "queue": asyncio.Queue(), "since": time.monotonic()}
+        waiting.append(req)
+        while (group := await req["queue"].get()) is not None:
+            yield group
 
     async def health(request):
         return JSONResponse({})
@@ -75,7 +106,7 @@ def main(argv: list[str]) -> None:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
 
     async def metrics(request):
-        lines = ['vllm:num_requests_running{engine="0",model_name="%s"} 0.0' % name]
+        lines = ['vllm:num_requests_running{engine="0",model_name="%s"} %.1f' % (name, len(running))]
         if spec:
             label = 'engine="0",model_name="%s"' % name
             lines += [f"vllm:spec_decode_num_drafts_total{{{label}}} {float(counts['drafts'])}",
@@ -88,15 +119,11 @@ def main(argv: list[str]) -> None:
     async def chat(request):
         body = await request.json()
         is_chat = request.url.path.endswith("/chat/completions")
-        in_flight[0] += 1
-        try:
-            groups = steps(int(body.get("max_tokens", 16)))
-        finally:
-            in_flight[0] -= 1
-        ids = [t for g in groups for t in g]
+        n = int(body.get("max_tokens", 16))
         text = lambda g: "".join(f"t{t} " for t in g)  # noqa: E731
         with_ids = bool(body.get("return_token_ids"))
         if not body.get("stream"):
+            ids = [t async for g in steps(n) for t in g]
             choice = ({"index": 0, "message": {"role": "assistant", "content": text(ids)}, "finish_reason": "length"}
                       if is_chat else {"index": 0, "text": text(ids), "finish_reason": "length"})
             if with_ids:
@@ -105,13 +132,15 @@ def main(argv: list[str]) -> None:
                                  "usage": {"prompt_tokens": 5, "completion_tokens": len(ids)}})
 
         async def events():
-            for g in groups:
+            sent = 0
+            async for g in steps(n):
+                sent += len(g)
                 delta = ({"index": 0, "delta": {"content": text(g)}, "finish_reason": None} if is_chat
                          else {"index": 0, "text": text(g), "finish_reason": None})
                 if with_ids:
                     delta["token_ids"] = g
                 yield f"data: {json.dumps({'model': name, 'choices': [delta]})}\n\n"
-            yield f"data: {json.dumps({'model': name, 'choices': [], 'usage': {'prompt_tokens': 5, 'completion_tokens': len(ids)}})}\n\n"
+            yield f"data: {json.dumps({'model': name, 'choices': [], 'usage': {'prompt_tokens': 5, 'completion_tokens': sent}})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

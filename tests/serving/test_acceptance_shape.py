@@ -2,7 +2,7 @@
 
 import pytest
 
-from specconvert.serving import acceptance as A
+from specconvert import acceptance as A
 
 
 def test_counts_give_tau_and_per_position():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specconvert.serving.acceptance import from_counts, unavailable
+from specconvert.acceptance import from_counts, unavailable
 from specconvert.serving.counted import engine_acceptance
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specconvert.serving import oracle
-from specconvert.serving.acceptance import from_counts, unavailable
+from specconvert.acceptance import from_counts, unavailable
 
 TOL = oracle.OracleTolerance(acceptance_length=0.2, per_position=0.1)
 

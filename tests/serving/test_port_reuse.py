@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import socket
+import sys
+
+import pytest
 
 from specconvert.serving.process import port_in_use
 
@@ -45,3 +48,39 @@ def test_a_time_wait_port_is_free_and_a_listening_one_is_taken():
         assert port_in_use("127.0.0.1", port)
     finally:
         listening.close()
+
+
+HEALTHY = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+TAKEN = "import sys; print('OSError: [Errno 98] Address already in use', flush=True); sys.exit(1)"
+
+
+def test_the_one_start_loop_retries_a_port_taken_meanwhile(tmp_path):
+    """serve-test, bench and tune start servers through serving.process.start_healthy: a picked port that another
+    process took before the server bound it is retried once on another port."""
+    from specconvert.serving.process import ServerStartError, start_healthy
+
+    tried, retried = [], []
+
+    def command(port):
+        tried.append(port)
+        return [sys.executable, "-c", TAKEN if len(tried) == 1 else HEALTHY, str(port)]
+
+    server, url, took = start_healthy(command, lambda p: f"http://127.0.0.1:{p}", tmp_path / "s.log", 30,
+                                      on_retry=retried.append)
+    try:
+        assert len(tried) == 2 and retried == tried[:1] and url.endswith(f":{tried[1]}") and server.alive()
+    finally:
+        server.stop()
+    # a fixed port is the user's: no second try, and the error says the port is taken
+    with pytest.raises(ServerStartError, match="is in use"):
+        start_healthy(lambda p: [sys.executable, "-c", TAKEN], lambda p: f"http://127.0.0.1:{p}", tmp_path / "f.log",
+                      30, port=tried[0])

@@ -4,6 +4,7 @@ the launch lines, sequential servers, counter deltas, the oracle's verdict and t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,45 @@ def test_bench_on_vllm_together_interleaves(project, cli, fake_vllm):
     assert {s["label"] for s in report["servers"]} == {"speculative", "baseline"}
     assert report["endpoints"]["baseline"]["model"] == "tiny-serve-baseline"
     assert_reaped([s["pid"] for s in report["servers"]])
+
+
+def test_serve_test_on_vllm_passes_when_the_engine_accepts_what_the_reference_accepts(project, cli, fake_vllm,
+                                                                                       monkeypatch):
+    """The oracle's passing side through the double (issue 20, item 10): the tiny random head accepts nothing on the
+    reference decoder, and a double that accepts nothing (tau 1, every position 0) agrees with it."""
+    exe, log = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_ACCEPT", "0")
+    result = cli("serve-test", project.recipe_path, "--set", "runtime.backend=vllm",
+                 "--set", f"runtime.vllm_python={exe}", "--set", "runtime.vllm_threads=1", "--json")
+    report = result.json()
+    oracle = report["oracle"]
+    assert oracle["reference"]["acceptance_length"] == pytest.approx(1.0)
+    assert oracle["engine"]["acceptance_length"] == pytest.approx(1.0)
+    assert oracle["passed"] and oracle["status"] == "agrees" and oracle["found"] == [], oracle["message"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["oracle: engine acceptance agrees with the reference decoder"]["passed"]
+    assert_reaped([s["pid"] for s in report["servers"]])
+
+
+def test_an_overlay_one_layer_off_fails_the_oracle_even_when_build_recorded_it(project, cli, fake_vllm, monkeypatch):
+    """Issue 20, item 11, end to end: the overlay holds the head's output-numbered ids (build's +1 forgotten) and the
+    manifest records the same list, so the files are intact; the convention check still fails the oracle."""
+    exe, _ = fake_vllm
+    monkeypatch.setenv("FAKE_VLLM_ACCEPT", "0")  # acceptance agrees with the reference: only the files can tell
+    engine = project.root / "work" / "engine"
+    manifest = json.loads((engine / "manifest.json").read_text())
+    draft = engine / "vllm" / "draft"
+    config = json.loads((draft / "config.json").read_text())
+    trained = json.loads((Path(manifest["artifacts"]["draft_dir"]) / "config.json").read_text())[
+        "eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    config["eagle_aux_hidden_state_layer_ids"] = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = trained
+    (draft / "config.json").write_text(json.dumps(config))
+    manifest["artifacts"]["vllm_draft"] = str(draft)
+    manifest["decisions"]["vllm_aux_layer_ids"] = trained
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("serve-test", project.recipe_path, "--set", "runtime.backend=vllm",
+                 "--set", f"runtime.vllm_python={exe}", "--set", "runtime.vllm_threads=1",
+                 "--set", "serve_test.lossless.mode=off", "--json")
+    oracle = result.json()["oracle"]
+    assert result.code == 1 and not oracle["passed"] and oracle["caught_by"] == ["engine files"]
+    assert [f["check"] for f in oracle["found"]] == ["convention"] and oracle["causes"][0] == "aux_layers"

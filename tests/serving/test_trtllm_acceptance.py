@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from specconvert.backends.trtllm import acceptance as T
+from specconvert.backends.trtllm import acceptance as T, versions
 from specconvert.serving.client import OpenAIClient
 
 HERE = Path(__file__).parent
@@ -56,7 +56,7 @@ def test_each_release_maps_to_its_line(version, line):
 
 
 def test_every_source_is_cited_and_every_line_ends_in_the_stream_estimate():
-    table = T.sources_table()
+    table = versions.sources_table()
     for name, source in {**table["sources"], **table["not_sources"]}.items():
         assert source["cites"], name
     for row in table["lines"]:
@@ -259,7 +259,7 @@ def _evaluate(acceptance, min_tau=1.5):
 
 
 def test_unmeasurable_acceptance_is_skipped_with_its_reason_not_failed():
-    from specconvert.serving.acceptance import unavailable
+    from specconvert.acceptance import unavailable
 
     report, check, case = _evaluate(unavailable("trtllm 1.2", "iteration_stats: no iteration carried specDecodingStats"))
     assert check["passed"] is None and check["skipped"] and check["value"] is None
@@ -270,7 +270,7 @@ def test_unmeasurable_acceptance_is_skipped_with_its_reason_not_failed():
 
 @pytest.mark.parametrize("tau, passed", [(2.25, True), (1.2, False)])
 def test_measured_acceptance_is_judged_and_names_its_source(tau, passed):
-    from specconvert.serving.acceptance import from_counts
+    from specconvert.acceptance import from_counts
 
     acc = from_counts("trtllm iteration stats (/metrics specDecodingStats)", drafts=4, draft_tokens=12,
                       accepted_tokens=round((tau - 1) * 4))
@@ -282,7 +282,7 @@ def test_measured_acceptance_is_judged_and_names_its_source(tau, passed):
 
 def test_bench_takes_the_readers_acceptance_in_its_shape():
     from specconvert.bench.metrics import acceptance_from_reader
-    from specconvert.serving.acceptance import unavailable
+    from specconvert.acceptance import unavailable
 
     exact = acceptance_from_reader(T.from_iteration_stats(
         [{"specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 5, "numRequestsWithDraftTokens": 4}}]))
@@ -311,7 +311,7 @@ ESTIMATE_PROMPTS = ["The quick brown fox", "Once upon a time", "def main():", "1
 
 
 async def _estimate_vs_exact(url: str, max_tokens: int):
-    from specconvert.serving.acceptance import from_stream_chunks
+    from specconvert.acceptance import from_stream_chunks
     from specconvert.serving.metrics import aggregate, request_stats
 
     async with OpenAIClient(url, request_timeout_s=60) as client:

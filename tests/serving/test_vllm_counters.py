@@ -55,3 +55,19 @@ def test_nothing_to_measure_says_why(after, reason):
     acc = counters.delta(None, counters.parse(after) if after is not None else None)
     assert not acc.available and acc.acceptance_length is None
     assert reason in acc.label
+
+
+def test_one_prometheus_parser_reads_both_engines_counters():
+    """vLLM's and TensorRT-LLM's readers take their samples from backends.prometheus (issue 20: one parser)."""
+    from specconvert.backends import prometheus
+    from specconvert.backends.trtllm.acceptance import parse_prometheus
+    from specconvert.backends.vllm.counters import DRAFTS, PER_POS, parse
+
+    text = ('# HELP x\n'
+            f'{DRAFTS}{{engine="0",model_name="m"}} 4.0\n{DRAFTS}{{engine="1",model_name="m"}} 1.0\n'
+            f'{PER_POS}{{engine="0",model_name="m",position="1"}} 2.0\n'
+            'trtllm_spec_decode_num_draft_tokens_total{rank="0"} 9\nbroken line\nx_total{a="b"} NaNx\n')
+    assert list(prometheus.samples("# only\n\n")) == []
+    assert parse(text) == {(DRAFTS, None): 5.0, (PER_POS, 1): 2.0}
+    assert parse_prometheus(text)["trtllm_spec_decode_num_draft_tokens_total"] == 9.0
+    assert "x_total" not in parse_prometheus(text)

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from specconvert.backends.vllm import overlay
 from specconvert.serving import oracle
-from specconvert.serving.acceptance import from_counts
+from specconvert.acceptance import from_counts
 
 AUX = [2, 15, 27]
 
@@ -65,3 +65,43 @@ def test_a_finding_leads_the_oracle_message():
     assert not agree["passed"] and agree["causes"][0] == "aux_layers" and agree["caught_by"] == ["engine files"]
     clean = oracle.compare(reference, reference, oracle.OracleTolerance(0.2, 0.1), [])
     assert clean["passed"] and clean["causes"] == []
+
+
+TRAINED = [1, 14, 26]  # the head's own record: output of layers 1, 14, 26 (vLLM ids = these + 1 = AUX)
+
+
+def head_with_record(path, trained=TRAINED):
+    head(path)
+    (path / "config.json").write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": trained}}))
+    return path
+
+
+@pytest.mark.parametrize("config, build_wrote, checks", [
+    pytest.param({"eagle_aux_hidden_state_layer_ids": AUX}, AUX, [], id="right"),
+    # build's numbering helper forgets the +1: the overlay holds exactly what build wrote, so only the
+    # convention check, derived from vLLM's reading rules and the head's record, sees it
+    pytest.param({"eagle_aux_hidden_state_layer_ids": TRAINED}, TRAINED, ["convention"], id="build-forgot-the-shift"),
+    pytest.param({"eagle_aux_hidden_state_layer_ids": TRAINED}, AUX, ["convention", "integrity"], id="edited-after-build"),
+    # no top-level list: vLLM takes eagle_config's unshifted, so the output-numbered list is one layer early
+    pytest.param({"eagle_config": {"eagle_aux_hidden_state_layer_ids": TRAINED}}, None, ["convention"],
+                 id="fallback-unshifted"),
+    pytest.param({"eagle_aux_hidden_state_layer_ids": [], "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX}},
+                 None, [], id="empty-top-level-falls-back"),
+])
+def test_aux_layers_are_checked_against_the_heads_record_by_vllms_rules(tmp_path, config, build_wrote, checks):
+    """Issue 20, item 11: the ids vLLM 0.32 reads, mapped to the layers it captures, equal the head's trained layers,
+    whatever build recorded."""
+    draft = head_with_record(tmp_path / "draft")
+    ov = make_overlay(tmp_path, draft, config)
+    found = [f for f in overlay.findings(ov, draft, build_wrote) if f["cause"] == "aux_layers"]
+    assert [f["check"] for f in found] == checks
+    if "convention" in checks:
+        assert "output of target layers [0, 13, 25]" in found[0]["detail"] and "[1, 14, 26]" in found[0]["detail"]
+
+
+def test_vllms_reading_rules():
+    assert overlay.aux_ids_vllm_reads({"eagle_aux_hidden_state_layer_ids": [3], "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [9]}}) == ("eagle_aux_hidden_state_layer_ids", [3])
+    assert overlay.aux_ids_vllm_reads({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [9]}})[1] == [9]
+    assert overlay.aux_ids_vllm_reads({})[1] is None
+    assert overlay.layers_vllm_captures([2, 15, 27]) == TRAINED

@@ -2,7 +2,9 @@
 mistake that leaves vLLM starting and answering, losslessly, while acceptance quietly drops:
 
 - ``aux-shift``: the aux-layer list in the *output* numbering (forgetting vLLM's +1), i.e. every
-  captured layer one too early;
+  captured layer one too early. Caught by the overlay's ``convention`` check (the layers vLLM captures
+  by its reading rules against the head's own record) and its ``integrity`` check (the file differs
+  from what build wrote); acceptance alone moves by about the tolerance;
 - ``identity-d2t``: ``d2t`` all zeros, so draft token i is taken for target token i;
 - ``norm-layout``: the draft layer's residual taken *after* ``hidden_norm`` instead of before it
   (vLLM's ``norm_before_residual: true`` in the draft config, ``vllm/model_executor/models/

@@ -76,8 +76,10 @@ def test_the_oracle_catches_an_injected_fault(cli, vllm_python, bundle, fault):
     if fault != "aux-shift":  # identity d2t and the norm layout drop tau by 2 or more: far beyond the tolerance
         assert "acceptance" in oracle["caught_by"] and oracle["delta"] < -oracle["tolerance"]["acceptance_length"]
     else:  # one layer early moved this memorising head's tau by only 0.16-0.26 across runs, around the 0.2
-        # tolerance; the comparison of the overlay with the head catches it every time
+        # tolerance; the files catch it every time, twice: the layers vLLM captures by its own reading rules are not
+        # the head's trained layers (convention), and the overlay differs from what build wrote (integrity)
         assert "engine files" in oracle["caught_by"]
+        assert [f["check"] for f in oracle["found"] if f["cause"] == "aux_layers"] == ["convention", "integrity"]
     assert "Likely causes" in check(report, "oracle")["message"]
     # and the overlay check names the concrete cause first
     assert oracle["causes"][0] == {"aux-shift": "aux_layers", "identity-d2t": "d2t", "norm-layout": "norm"}[fault]

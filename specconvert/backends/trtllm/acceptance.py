@@ -11,32 +11,14 @@ fails on a number that does not exist.
 from __future__ import annotations
 
 import json
-import re
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Sequence
 
-from ...serving.acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
-from .versions import in_release_window
+from ...acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
+from .. import prometheus
+from .versions import line_for
 
 PROMETHEUS_DRAFT = "trtllm_spec_decode_num_draft_tokens_total"
 PROMETHEUS_ACCEPTED = "trtllm_spec_decode_num_accepted_tokens_total"
-
-
-@lru_cache(maxsize=None)
-def sources_table() -> dict[str, Any]:
-    path = resources.files("specconvert") / "data" / "trtllm" / "acceptance_sources.json"
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def line_for(version: str) -> dict[str, Any]:
-    """The table row of the version line ``version`` (``1.3.0rc20`` -> ``1.3-early``)."""
-    lines = sources_table()["lines"]
-    for row in lines:
-        before = row["before"]
-        if in_release_window(version, row["first"]) and (before is None or not in_release_window(version, before)):
-            return row
-    return lines[0]  # older than every line: versions.spelling_for refuses those before anything is read
 
 
 # ------------------------------------------------------------------ one parser per source (pure)
@@ -62,20 +44,11 @@ def from_iteration_stats(items: Sequence[Any]) -> Acceptance:
                        accepted_tokens=accepted)
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> metric name -> value summed over label sets (ranks, models)."""
     totals: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match or line.startswith("#"):
-            continue
-        try:
-            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-        except ValueError:
-            continue
+    for name, _labels, value in prometheus.samples(text):
+        totals[name] = totals.get(name, 0.0) + value
     return totals
 
 

@@ -7,8 +7,11 @@ spelling; the option names each line accepts live as data in
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from ..._imports import installed_version
@@ -103,9 +106,25 @@ class TargetVersion:
 
 
 def _acceptance_line(version: str) -> str:
-    from .acceptance import line_for
-
     return line_for(version)["line"]
+
+
+# Where each release line serves acceptance (``data/trtllm/acceptance_sources.json``, sources cited there): data
+# keyed by release window like the spellings, read by ``acceptance.AcceptanceReader``.
+@lru_cache(maxsize=None)
+def sources_table() -> dict[str, Any]:
+    path = resources.files("specconvert") / "data" / "trtllm" / "acceptance_sources.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def line_for(version: str) -> dict[str, Any]:
+    """The table row of the version line ``version`` (``1.3.0rc20`` -> ``1.3-early``)."""
+    lines = sources_table()["lines"]
+    for row in lines:
+        before = row["before"]
+        if in_release_window(version, row["first"]) and (before is None or not in_release_window(version, before)):
+            return row
+    return lines[0]  # older than every line: versions.spelling_for refuses those before anything is read
 
 
 def spelling_for(version: str) -> tuple[Spelling, list[str]]:

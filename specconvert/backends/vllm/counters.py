@@ -10,10 +10,10 @@ difference of two snapshots, tau = 1 + accepted / drafts, position i's rate = ac
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from ...serving.acceptance import Acceptance, from_counts, unavailable
+from ...acceptance import Acceptance, from_counts, unavailable
+from .. import prometheus
 
 SOURCE = "vllm counters"
 PREFIX = "vllm:spec_decode_"
@@ -23,8 +23,6 @@ ACCEPTED = PREFIX + "num_accepted_tokens_total"
 PER_POS = PREFIX + "num_accepted_tokens_per_pos_total"
 NAMES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS)
 
-_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 class Snapshot(dict):
@@ -34,20 +32,11 @@ class Snapshot(dict):
 def parse(text: str) -> Snapshot:
     """The spec-decode counters of one Prometheus exposition text (other metrics ignored)."""
     snap = Snapshot()
-    for line in text.splitlines():
-        if not line.startswith(PREFIX):
+    for name, labels, value in prometheus.samples(text):
+        if name not in NAMES:
             continue
-        match = _SAMPLE.match(line)
-        if not match or match["name"] not in NAMES:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        position = int(labels["position"]) if match["name"] == PER_POS and labels.get("position", "").isdigit() else None
-        key = (match["name"], position)
-        snap[key] = snap.get(key, 0.0) + value
+        position = int(labels["position"]) if name == PER_POS and labels.get("position", "").isdigit() else None
+        snap[(name, position)] = snap.get((name, position), 0.0) + value
     return snap
 
 

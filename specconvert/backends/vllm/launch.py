@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EnvironmentMissing
+from ..names import fixed_chain_model
+from ..script import Shell, env, render_script
 
 MODULE = "vllm.entrypoints.openai.api_server"
 INSTALL_HINT = ("run `make .venv-vllm` (or: python3 -m venv .venv-vllm; .venv-vllm/bin/pip install torch==2.13.0; "
@@ -54,6 +56,26 @@ def speculative_config(draft_dir: str, num_speculative_tokens: int) -> dict[str,
     return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": int(num_speculative_tokens)}
 
 
+def max_model_len(build: Any, runtime: Any) -> int:
+    """vLLM's context: ``runtime.vllm_max_model_len`` when set, else ``build.max_seq_len`` like every other engine."""
+    return int(runtime.vllm_max_model_len or build.max_seq_len)
+
+
+def context_length_warnings(build: Any, runtime: Any) -> list[str]:
+    """A warning when vLLM's context differs from the one the bundle's other engines get (``build.max_seq_len``).
+
+    A warning, not a refusal: ``runtime.vllm_max_model_len`` exists to cap vLLM alone (a CPU test box whose RAM
+    holds less KV), so a recipe that sets it asked for the difference; the warning, kept in the manifest, makes
+    sure nobody deploys the capped vLLM believing it serves the TensorRT-LLM/SGLang context.
+    """
+    vllm_len = max_model_len(build, runtime)
+    if vllm_len == build.max_seq_len:
+        return []
+    return [f"runtime.vllm_max_model_len: {vllm_len} differs from build.max_seq_len: {build.max_seq_len}, which "
+            f"TensorRT-LLM and SGLang get: the bundle's vLLM serves {vllm_len} tokens of context; drop "
+            "runtime.vllm_max_model_len (or set build.max_seq_len) so every engine serves the same context"]
+
+
 def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, served_model_name: str,
                 tuned: dict[str, Any] | None = None) -> list[str]:
     """The api_server arguments after ``python -m MODULE``; ``draft_dir=None`` = the baseline twin.
@@ -64,7 +86,7 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
     """
     args = ["--model", str(target_dir), "--served-model-name", served_model_name,
             "--dtype", runtime.vllm_dtype,
-            "--max-model-len", str(runtime.vllm_max_model_len or build.max_seq_len),
+            "--max-model-len", str(max_model_len(build, runtime)),
             "--max-num-seqs", str(build.max_batch_size),
             "--tensor-parallel-size", str(build.tensor_parallel_size)]
     if build.moe_expert_parallel_size > 1:
@@ -107,7 +129,7 @@ def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runti
                  label: str, tuned: dict[str, Any] | None = None) -> ServerLaunch:
     """A server drafting a fixed chain of ``draft_len`` (0: the target alone), served as ``<name>-k<draft_len>``:
     bench's ``fixed-kN`` arms and tune's candidates. ``tuned`` overrides the draft settings as in :func:`server_args`."""
-    served = f"{name}-k{draft_len}" if tuned is None else f"{name}-{label}"
+    served = fixed_chain_model(name, draft_len) if tuned is None else f"{name}-{label}"
     build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
     args = server_args(target_dir, draft_dir if (draft_len or tuned) else None, build_k, runtime, served, tuned)
     return ServerLaunch(label, [python, "-m", MODULE, *args], server_env(runtime), served)
@@ -116,14 +138,12 @@ def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runti
 def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, name: str, title: str,
                  tuned: dict[str, Any] | None = None) -> str:
     """``engine/vllm/serve.sh`` (or ``serve-baseline.sh`` for ``draft_dir=None``): the argv above, rendered by
-    ``backends.launch.render_script`` (every word quoted, comment lines escaped).
+    ``backends.script.render_script`` (every word quoted, comment lines escaped).
 
     ``tuned`` (vLLM's settings from `specconvert tune`): ``num_speculative_tokens`` and, where the
     choice varies with the batch, ``num_speculative_tokens_per_batch_size``; without speculation
     (``tuned["speculate"]`` false) the speculative script serves the target alone.
     """
-    from ..launch import Shell, env, render_script
-
     args = server_args(target_dir, draft_dir, build, runtime, name if draft_dir else f"{name}-baseline", tuned)
     if tuned is not None and not tuned["speculate"]:
         draft_dir = None

