@@ -162,23 +162,6 @@ def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margi
             "measured_rates": measured_rates}
 
 
-def vllm_choice(choice: dict[int, int], rates: dict[tuple[int, int], float], idle: dict[int, float],
-                margin: float) -> dict[int, int]:
-    """vLLM's own per-level choice: a 0 inside its schedule still runs the drafter (``idle``: measured tokens/s of
-    that server), so where plain decoding won, the schedule takes the best of that idle 0 and every chain length.
-    Where plain decoding wins at every level the bundle serves the target alone, a true 0."""
-    if not idle or all(k == 0 for k in choice.values()):
-        return dict(choice)
-    out = {}
-    for b, k in choice.items():
-        if k != 0 or b not in idle:
-            out[b] = k
-            continue
-        options = {(0, b): idle[b], **{(kk, bb): r for (kk, bb), r in rates.items() if bb == b and kk > 0}}
-        out[b] = M.best_per_level(options, margin)[b]
-    return out
-
-
 def engine_schedules(recipe: Any, segments: list[M.Segment], choice: dict[int, int],
                      vllm_segments: list[M.Segment] | None = None) -> dict[str, Any]:
     """Each engine's own form of the decision (written into the bundle by build); ``vllm_segments``: vLLM's own
@@ -274,7 +257,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
         decision = decide(runs, acceptance, recipe.tune.margin, serial)
         idle_rates = {b: m.tokens_per_second for b, m in idle.items()}
-        v_choice = vllm_choice(decision["choice"], decision["measured_rates"], idle_rates, recipe.tune.margin)
+        v_choice = M.vllm_choice(decision["choice"], decision["measured_rates"], idle_rates, recipe.tune.margin)
         schedules = engine_schedules(recipe, decision["segments"], decision["choice"], M.schedule(v_choice))
         lines = verdict_lines(decision["choice"], lengths, decision["measured_rates"])
         for b, k in sorted(v_choice.items()):

@@ -5,7 +5,8 @@ import pytest
 from specconvert.backends.sglang import schedule as sglang
 from specconvert.backends.trtllm import schedule as trt
 from specconvert.backends.vllm import schedule as vllm
-from specconvert.tuning.model import Segment, draft_len_at, schedule
+from specconvert.draft_schedule import Segment, draft_len_at
+from specconvert.tuning.model import schedule
 
 SEGMENTS = schedule({1: 3, 4: 2, 16: 0})  # 1..2 -> 3, 3..8 -> 2, 9.. -> 0
 

@@ -109,7 +109,7 @@ def test_tune_on_vllm_runs_one_server_per_length_and_reads_its_counters(tiny_rec
 
 def test_vllm_choice_weighs_a_scheduled_zero_at_its_measured_cost():
     """vLLM's 0 still runs the drafter: where plain decoding won, the best of that idle 0 and every chain is used."""
-    from specconvert.stages.tune import vllm_choice
+    from specconvert.tuning.model import vllm_choice
 
     rates = {(0, 1): 10.0, (1, 1): 12.0, (2, 1): 13.0, (0, 4): 48.0, (1, 4): 45.0, (2, 4): 39.0}
     choice = {1: 2, 4: 0}

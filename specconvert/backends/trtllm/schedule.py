@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...tuning.model import Segment
+from ...draft_schedule import Segment
 
 # The last release before the one-model dynamic draft length (PR #10860) merged.
 LAST_WITHOUT_SCHEDULE = "1.3.0rc7"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...tuning.model import Segment
+from ...draft_schedule import Segment
 
 
 def speculative_settings(segments: Sequence[Segment], max_num_seqs: int) -> dict[str, Any]:
