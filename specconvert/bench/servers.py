@@ -74,7 +74,7 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
         for label, options, draft_len in arms:
             shared = _shared_memory_options(options, log_dir / f"{label}_options.yaml", len(arms), draft_len)
             launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}, False))
-    with _started(launches, log_dir, startup_timeout_s) as info:
+    with started_servers(launches, log_dir, startup_timeout_s) as info:
         yield info
 
 
@@ -108,13 +108,15 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
 def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
                 startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
     """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
-    with _started(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir, startup_timeout_s) as info:
+    launches = vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label)
+    with started_servers(launches, log_dir, startup_timeout_s) as info:
         yield info
 
 
 @contextmanager
-def _started(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
-             stage: str = "bench") -> Iterator[dict[str, Any]]:
+def started_servers(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
+                    stage: str = "bench") -> Iterator[dict[str, Any]]:
+    """Every launch up and answering (each on a free port); yields {label: url, "servers": [records]}, stops all after."""
     from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
 
     info: dict[str, Any] = {"servers": []}

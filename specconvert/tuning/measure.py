@@ -128,13 +128,13 @@ def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads
                  together: bool = True) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
     """Start every candidate's server, then run ``payloads`` at each level on each, interleaved
     (``together=False``: one server at a time, each running all its levels before the next starts)."""
-    from ..bench.servers import _started
+    from ..bench.servers import started_servers
 
     out: dict[tuple[int, int], Measured] = {}
     servers: list[dict[str, Any]] = []
     groups = [list(launches)] if together else [[k] for k in launches]
     for group in groups:
-        with _started([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
+        with started_servers([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
                       stage="tune") as started:
             urls = {k: started[_label(k)] for k in group}
             asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
