@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import output
-from ..errors import ExternalFailure, InputError
+from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import canonical_hash, compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
 from ..tuning import forms
 from ..tuning import model as M
@@ -235,13 +235,18 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             serial = {b: 1 for b in lvls}
             note = "the reference server serves one request at a time: each level's cost is concurrency 1's"
         idle = {b: m for (k, b), m in runs.items() if k == DRAFTER_IDLE}
-        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
-        if any(m.failed_requests for m in [*runs.values(), *idle.values()]):
+        if any(m.failed_requests for m in runs.values()):
             bad = sum(m.failed_requests for m in runs.values())
             raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
-        if any(not m.identical_to_plain for m in runs.values()):
-            raise InputError("tune: a speculative run's output differs from plain decoding (greedy must be lossless)",
-                             fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        diverged = sorted((k, b) for (k, b), m in runs.items() if m.identical_to_plain is False)
+        if diverged:
+            k, b = diverged[0]
+            where = runs[(k, b)].first_divergence or {}
+            raise CheckFailed(f"tune: draft length {'0 (drafter idle)' if k == DRAFTER_IDLE else k}, concurrency {b}: "
+                              f"the greedy output differs from plain decoding's on prompt {where.get('prompt')} at "
+                              f"output token {where.get('position')} (greedy must be lossless)",
+                              fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
         longest = [m for (k, _), m in runs.items() if k == top]
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
         decision = decide(runs, acceptance, recipe.tune.margin, serial)
