@@ -300,11 +300,12 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
         prompt, prompt_ids = loader.WARMUP_PROMPTS[0], list(tokenizer.encode(loader.WARMUP_PROMPTS[0]))
     else:  # a target folder without tokenizer files: warm up on fixed token ids
         prompt, prompt_ids = None, list(range(1, 9))
-    tree = recipe.build.tree.model_dump() if recipe.build.tree is not None else None
+    # the bundle's own settings: a tuned bundle's draft length, or no speculation where tune turned it off
     result = decoder.generate(
         prompt_ids,
         recipe.build.warmup_tokens,
-        DecodeSettings(max_draft_len=recipe.build.max_draft_len, tree=tree, temperature=0.0),
+        DecodeSettings(max_draft_len=max(int(settings["max_draft_len"]), 1), tree=settings["tree"], temperature=0.0,
+                       speculative=bool(settings["speculative"])),
     )
     info = {
         "loaded": True,
@@ -319,7 +320,7 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
             "tokens_per_second": result.tokens_per_second,
         },
     }
-    if result.acceptance_length is not None and result.acceptance_length <= 1.0:
+    if settings["speculative"] and result.acceptance_length is not None and result.acceptance_length <= 1.0:
         info["warnings"] = [
             f"reference warm-up acceptance length {result.acceptance_length}: the head proposes nothing the target "
             "accepts (an untrained head?)"

@@ -189,3 +189,15 @@ def test_tune_fingerprint_reads_prompt_contents_and_ignores_where_servers_listen
                    "--set", "tune.margin=0.2", "--set", "runtime.trtllm_version=1.2.1") is True
     copy.write_text(json.dumps({"prompt": "Name three colours."}) + "\n")
     assert skipped("--set", f"tune.prompts={copy}") is False  # same path, new contents: measured again
+
+
+def test_reference_warmup_runs_the_tuned_settings(converted, capsys):
+    """A bundle tune turned off warms up without speculation: no "untrained head?" warning about a draft it never runs."""
+    root, path = converted
+    _write_tune(path, {1: 0, 4: 0})
+    capsys.readouterr()
+    assert _cli("build", path) == 0  # loads and warms the reference decoder
+    manifest = read_manifest(root / "work" / "engine")
+    assert manifest["loaded"] is True and manifest["load"]["warmup"]["acceptance_length"] in (None, 1.0)
+    assert "untrained head" not in capsys.readouterr().err
+    assert not any("untrained head" in w for w in manifest["warnings"])
