@@ -170,8 +170,8 @@ def fingerprint_inputs(recipe: Any, convert: dict[str, Any]) -> dict[str, Any]:
                           ("tune", ("margin", "trtllm_allow_zero", "plots", "prompts"))):
         for key in keys:
             sections[section].pop(key, None)
-    return {"recipe": sections, "prompts": canonical_hash(_samples(recipe)),
-            "convert_manifest": manifest_hash(convert)}
+    return {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
+            "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
 
 
 def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[int, int], float]) -> list[str]:

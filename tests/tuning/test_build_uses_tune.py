@@ -187,8 +187,10 @@ def test_tune_fingerprint_reads_prompt_contents_and_ignores_where_servers_listen
     assert skipped("--set", f"tune.prompts={copy}") is True  # same contents elsewhere: nothing to measure again
     assert skipped("--set", f"tune.prompts={copy}", "--set", "runtime.port=9123", "--set", "runtime.host=0.0.0.0",
                    "--set", "tune.margin=0.2", "--set", "runtime.trtllm_version=1.2.1") is True
+    # the levels measured come from bench.concurrency when tune.concurrency is unset: they count
+    assert skipped("--set", f"tune.prompts={copy}", "--set", "bench.concurrency=[1,4]") is False
     copy.write_text(json.dumps({"prompt": "Name three colours."}) + "\n")
-    assert skipped("--set", f"tune.prompts={copy}") is False  # same path, new contents: measured again
+    assert skipped("--set", f"tune.prompts={copy}", "--set", "bench.concurrency=[1,4]") is False  # new contents
 
 
 def test_reference_warmup_runs_the_tuned_settings(converted, capsys):
