@@ -108,15 +108,14 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
 def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
                 startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
     """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
-    launches = vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label)
-    with started_servers(launches, log_dir, startup_timeout_s) as info:
+    with started_servers(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir,
+                         startup_timeout_s) as info:
         yield info
 
 
 @contextmanager
 def started_servers(launches: list[Launch], log_dir: Path, startup_timeout_s: float,
                     stage: str = "bench") -> Iterator[dict[str, Any]]:
-    """Every launch up and answering (each on a free port); yields {label: url, "servers": [records]}, stops all after."""
     from ..serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
 
     info: dict[str, Any] = {"servers": []}
