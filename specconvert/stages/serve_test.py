@@ -229,8 +229,8 @@ class ServeRun:
         self.servers: list[ServerRecord] = []
         self.transcripts: list[dict[str, Any]] = []
         self.metrics_available: dict[str, bool] = {}
-        self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
         self.draft_len: int = recipe.build.max_draft_len  # the chain the bundle serves at batch 1 (set from the plan)
+        self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
         self.acceptance = None  # serving.acceptance.Acceptance from the backend's reader, when there is one
         self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
         self.engine_acceptance: dict[str, Any] | None = None
