@@ -116,6 +116,7 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
         "recipe": recipe.section("build", "runtime"),
         "convert_manifest": manifest_hash(convert),
         "tuned": tuned,
+        "tune_decision": tune_decision,
         "tensorrt_llm_installed": installed_version("tensorrt_llm"),
         "load": load,
     }
