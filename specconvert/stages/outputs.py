@@ -69,14 +69,16 @@ def tuned_measurement(recipe: Any, convert: dict[str, Any]) -> tuple[Any, str]:
     if (tune.get("inputs") or {}).get("convert_manifest") != manifest_hash(convert):
         output.warn(f"{where} was measured on an older convert: ignored; rerun `specconvert tune RECIPE`")
         return None, "tune/ was measured on an older convert: ignored"
-    if not tune.get("measured"):
-        output.warn(f"{where} holds no measurement this specconvert reads (an older tune): ignored; "
+    try:
+        measured = Measurement.from_dict(tune["measured"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        output.warn(f"{where} holds no measurement this specconvert reads (an older or edited tune): ignored; "
                     "rerun `specconvert tune RECIPE --force`")
-        return None, "tune/ was written by an older specconvert: ignored"
+        return None, "tune/ holds no measurement this specconvert reads: ignored"
     if recipe.build.tree is not None:
         output.warn("build.tree is set: tune measured chains only, so the recipe's tree is kept")
         return None, "build.tree is set: tune measures chains only"
-    return Measurement.from_dict(tune["measured"]), f"tuned by `specconvert tune` ({where})"
+    return measured, f"tuned by `specconvert tune` ({where})"
 
 
 def served_draft_len(engine_manifest: dict[str, Any] | None, engine: str, batch_size: int, default: int) -> int:

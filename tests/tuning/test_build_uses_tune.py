@@ -91,6 +91,21 @@ def test_stale_tune_result_is_ignored_with_a_warning(converted, capsys):
     assert "older convert" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("measured", [None, {"tokens_per_second": "not a table"}, {"tokens_per_second": [[1, 2]]}],
+                         ids=["older-tune", "edited", "short-row"])
+def test_unreadable_tune_result_is_ignored_with_a_warning(converted, capsys, measured):
+    root, path = converted
+    recipe = load_recipe(path)
+    convert = read_manifest(recipe.workdir_path / "convert")
+    with stage_dir(tune_stage.tune_dir(recipe), "tune", {"convert_manifest": manifest_hash(convert)}) as stage:
+        stage.finish(measured=measured, schedules={"trtllm": {"speculate": False}})
+    capsys.readouterr()
+    assert _cli("build", path, "--no-load") == 0
+    options = yaml.safe_load((root / "work" / "engine" / "trtllm" / "llm_api_options.yaml").read_text())
+    assert options["speculative_config"]["max_draft_len"] == 3  # the recipe's: no stored engine form is copied
+    assert "holds no measurement this specconvert reads" in capsys.readouterr().err
+
+
 def test_serve_test_skips_acceptance_when_tune_turned_speculation_off(converted, capsys):
     root, path = converted
     _write_tune(path, {1: 0, 4: 0})
