@@ -41,8 +41,9 @@ def main() -> int:
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     args = ap.parse_args()
 
+    from specconvert.manifest import read_manifest
     from specconvert.recipe import load_recipe
-    from specconvert.stages.tune import read_tune
+    from specconvert.stages.outputs import engine_dir, read_tune
 
     recipe = load_recipe(args.recipe)
     tune = read_tune(recipe)
@@ -50,8 +51,10 @@ def main() -> int:
         print(f"bench-tune: no tune result in {recipe.workdir_path / 'tune'}: run `make demo` (or tune + build) first",
               file=sys.stderr)
         return 2
-    # what the bundle's vLLM server drafts per level (vLLM's own choice, where tune priced its scheduled 0)
-    choice = {int(b): int(k) for b, k in (tune.get("vllm_choice") or tune.get("choice") or {}).items()}
+    # what the bundle's vLLM server drafts per level: build's choice from tune's measurement (vLLM's own, where
+    # tune priced its scheduled 0); tune's own choice for a bundle built before build recorded it
+    decision = ((read_manifest(engine_dir(recipe)) or {}).get("decisions") or {}).get("tune_decision") or tune
+    choice = {int(b): int(k) for b, k in (decision.get("vllm_choice") or decision.get("choice") or {}).items()}
     out = recipe.workdir_path / "bench-tune"
     fixed = [int(k) for k in args.fixed.split(",") if k.strip()]
     command = [sys.executable, "-m", "specconvert", "bench", str(args.recipe), "--out", str(out),

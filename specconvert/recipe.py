@@ -538,7 +538,7 @@ class TuneSpec(_Strict):
     margin: float = Field(
         0.03, ge=0, le=1,
         description="A longer draft must beat the best shorter one by this share of tokens/s to be chosen "
-        "(noise on a shared machine; shorter wins ties).",
+        "(noise on a shared machine; shorter wins ties). `build` applies the current value to tune's measurements.",
     )
     trtllm_allow_zero: bool = Field(
         False,

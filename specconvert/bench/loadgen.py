@@ -61,7 +61,8 @@ def to_record(completion: Any, index: int, send_time: float) -> RequestRecord:
     """A streamed :class:`~specconvert.serving.client.Completion` as a bench record."""
     record = RequestRecord(index=index, send_time=send_time, e2e_s=completion.latency_s,
                            usage_tokens=completion.completion_tokens, prompt_tokens=completion.prompt_tokens,
-                           client_overhead_s=completion.client_s, events=completion.events)
+                           client_overhead_s=completion.client_s, events=completion.events,
+                           token_ids=completion.token_ids)
     started = time.perf_counter()
     chunks = completion.chunks
     if chunks and all(c.tokens is not None for c in chunks):

@@ -46,6 +46,7 @@ class RequestRecord:
     events: int = 0
     error: str | None = None
     prompt_tokens: int | None = None
+    token_ids: list[int] | None = None  # the output's token ids, when the server returns them
 
     @property
     def ok(self) -> bool:

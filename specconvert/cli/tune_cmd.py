@@ -27,11 +27,13 @@ def tune(
     if json_out:
         output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})
         return
-    schedules = manifest.get("schedules") or {}
     rows = [("tune", str(tune_stage.tune_dir(loaded)) + ("  (up to date, skipped)" if result.skipped else "")),
             ("per-position acceptance", manifest.get("per_position_acceptance")),
             ("draft length per concurrency", manifest.get("choice"))]
-    rows += [(f"{engine} schedule", {k: v for k, v in s.items() if k != "notes"}) for engine, s in schedules.items()]
+    if manifest.get("vllm_choice"):
+        rows.append(("vLLM, its scheduled 0 priced", manifest["vllm_choice"]))
+    rows.append(("engine schedules", "written by `specconvert build` for its TensorRT-LLM version and settings "
+                 "(preview: report.md)"))
     rows += [("verdict", line) for line in manifest.get("verdict") or []]
     output.print_table("specconvert tune", rows)
 

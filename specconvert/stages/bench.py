@@ -116,8 +116,8 @@ def _run(
         "engine_manifest": manifest_hash(engine_manifest) if engine_manifest else None,
         "time": time.time(),  # a measurement is never "up to date"
     }
-    max_draft_len = recipe.build.max_draft_len if recipe is not None else None
-    draft_lens = {"speculative": max_draft_len, **{fixed_label(n): n for n in fixed}}
+    draft_lens = {"speculative": _served_draft_lens(recipe, engine_manifest, bench.concurrency),
+                  **{fixed_label(n): n for n in fixed}}
     vllm = url is None and recipe.runtime.backend == "vllm"
     counters = None
     if vllm:
@@ -178,6 +178,26 @@ def _run(
     final = read_manifest(out_dir) or stage.manifest
     report = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
     return BenchResult(report, out_dir, final)
+
+
+def _served_draft_lens(recipe: Any, engine_manifest: dict[str, Any] | None, levels: list[int]) -> Any:
+    """The chain the bundle serves at each level (a tuned schedule's entry for that batch size): one number
+    when it is the same at every level, else {level: length}; None without a recipe (``--url`` alone)."""
+    if recipe is None:
+        return None
+    from .outputs import served_draft_len
+
+    per_level = {b: served_draft_len(engine_manifest, recipe.runtime.backend, b, recipe.build.max_draft_len)
+                 for b in levels}
+    return per_level[levels[0]] if len(set(per_level.values())) == 1 else per_level
+
+
+def draft_len_of(draft_lens: dict[str, Any], label: str, level: int | None = None) -> int | None:
+    """An arm's draft length at ``level`` (None: at every level, or None when it varies with the level)."""
+    value = draft_lens.get(label)
+    if isinstance(value, dict):
+        return value.get(level) if level is not None else None
+    return value
 
 
 def fixed_draft_lens(bench: Any, recipe: Any, tuned: bool, url: str | None) -> list[int]:
@@ -286,7 +306,8 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
                 counted = reader.delta(before, await reader.snapshot(client), requests=len(recs)) if reader else None
                 items = await drain_metrics(client)
                 metrics_seen[run.label] = metrics_seen[run.label] or items is not None or counted is not None
-                runs.append(_run_entry(run, recs, duration, items, started_at, draft_lens.get(run.label), counted))
+                runs.append(_run_entry(run, recs, duration, items, started_at,
+                                       draft_len_of(draft_lens, run.label, run.concurrency), counted))
                 for rec in recs:
                     records.append({"run": run.name, "label": run.label, "concurrency": run.concurrency,
                                     "repeat": run.repeat, **M.request_metrics(rec)})
@@ -411,7 +432,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
                 continue
             items = [it for r in mine for it in (r["_items"] or [])]
             counted = [r["_counted"] for r in mine if r.get("_counted") is not None]
-            acceptance = _acceptance(items, recs, draft_lens.get(label), counted)
+            acceptance = _acceptance(items, recs, draft_len_of(draft_lens, label, level), counted)
             if label == "speculative":
                 all_spec_records.extend(recs)
                 all_spec_items.extend(items)
@@ -429,7 +450,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
             entry["fixed"] = arms
         entry["versus_best"] = versus_best(entry, labels) if len(labels) > 2 else None
         levels.append(entry)
-    acceptance = _acceptance(all_spec_items, all_spec_records, draft_lens.get("speculative"), all_counted)
+    acceptance = _acceptance(all_spec_items, all_spec_records, draft_len_of(draft_lens, "speculative"), all_counted)
     gate = None
     if bench.fail_below_speedup is not None:
         medians = [(lv["concurrency"], ((lv.get("speedup") or {}).get("output_tokens_per_s") or {}).get("median")) for lv in levels]
@@ -441,7 +462,9 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
     arm_info = [{"label": "baseline", "draft_len": 0, "setting": "the target alone"}] if bench.compare_baseline else []
     arm_info += [{"label": label, "draft_len": draft_lens.get(label), "setting": f"a fixed chain of {draft_lens.get(label)}"}
                  for label in fixed_labels]
-    arm_info.append({"label": "speculative", "tuned": tuned, "draft_len": draft_lens.get("speculative"),
+    spec_k = draft_lens.get("speculative")  # per level ({"1": 3, "4": 2}) when the bundle's schedule varies
+    arm_info.append({"label": "speculative", "tuned": tuned,
+                     "draft_len": {str(b): k for b, k in spec_k.items()} if isinstance(spec_k, dict) else spec_k,
                      "setting": ("the bundle's tuned schedule (`specconvert tune`)" if tuned else
                                  "the bundle's setting (build.max_draft_len / build.tree)")})
     endpoints = measured["endpoints"]

@@ -22,8 +22,9 @@ from ..backends import launch
 from ..backends.trtllm import loader, options as trt_options, rules, versions
 from ..backends.vllm import launch as vllm_launch
 from ..errors import InputError
-from ..manifest import compute_fingerprint, manifest_hash, require_manifest, stage_dir, up_to_date
+from ..manifest import compute_fingerprint, manifest_hash, stage_dir, up_to_date
 from ..workdir import workdir_lock
+from .outputs import engine_dir, read_convert, tuned_measurement
 
 STAGE = "build"
 
@@ -34,43 +35,10 @@ class BuildResult:
     skipped: bool  # inputs unchanged: the existing bundle was kept
 
 
-def engine_dir(recipe: Any) -> Path:
-    return recipe.workdir_path / "engine"
-
-
-def read_convert(recipe: Any) -> dict[str, Any]:
-    """The convert manifest, checked for every field build relies on (all problems at once)."""
-    convert_dir = recipe.workdir_path / "convert"
-    manifest = require_manifest(convert_dir, "convert", "convert")
-    problems = []
-    artifacts = manifest.get("artifacts") or {}
-    for key in ("target_dir", "draft_dir"):
-        value = artifacts.get(key)
-        if not value:
-            problems.append(f"convert manifest: artifacts.{key} is missing")
-        elif not Path(value).is_dir():
-            problems.append(f"convert manifest: artifacts.{key} = {value} is not a directory")
-    aux = (manifest.get("decisions") or {}).get("aux_layer_ids")
-    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) for i in aux):
-        problems.append("convert manifest: decisions.aux_layer_ids must be a non-empty list of integers")
-    else:
-        layers = (manifest.get("target") or {}).get("num_hidden_layers")
-        if isinstance(layers, int) and any(i < 0 or i >= layers for i in aux):
-            problems.append(f"convert manifest: decisions.aux_layer_ids {aux} outside the target's {layers} layers")
-    if problems:
-        raise InputError(
-            f"{convert_dir / 'manifest.json'}: {problems[0]}"
-            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-            fix="rerun `specconvert convert RECIPE --force`",
-            problems=problems,
-        )
-    return manifest
-
-
 def plan(recipe: Any, convert: dict[str, Any] | None, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything build decides, without writing: version, rules, options. Raises on a bad combination.
 
-    ``tuned`` is the tune manifest's ``schedules`` (see :func:`tune_schedules`): TensorRT-LLM then
+    ``tuned`` holds each engine's form of the tune result (see :func:`tuned_forms`): TensorRT-LLM then
     gets the measured ``max_draft_len`` and ``draft_len_schedule``, or no speculation at all.
     """
     target = versions.resolve(recipe.runtime.trtllm_version)
@@ -96,20 +64,35 @@ def plan(recipe: Any, convert: dict[str, Any] | None, tuned: dict[str, Any] | No
     return result
 
 
-def tune_schedules(recipe: Any, convert: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The schedules `specconvert tune` chose for this convert, or None and why they are not used."""
-    from .tune import read_tune, tune_dir
+def tuned_forms(recipe: Any, convert: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
+    """Each engine's schedule, derived here from what `specconvert tune` measured on this convert, for this
+    build's settings: the TensorRT-LLM version it builds for, ``tune.trtllm_allow_zero``, ``build.max_batch_size``
+    and ``tune.margin`` (the choice is made again). Returns (forms, decision, note); (None, None, why) untuned."""
+    from ..tuning import forms
 
-    tune = read_tune(recipe)
-    if tune is None:
-        return None, "no tune/ result: the recipe's draft shape is used (run `specconvert tune RECIPE` to measure)"
-    if (tune.get("inputs") or {}).get("convert_manifest") != manifest_hash(convert):
-        output.warn(f"{tune_dir(recipe)} was measured on an older convert: ignored; rerun `specconvert tune RECIPE`")
-        return None, "tune/ was measured on an older convert: ignored"
-    if recipe.build.tree is not None:
-        output.warn("build.tree is set: tune measured chains only, so the recipe's tree is kept")
-        return None, "build.tree is set: tune measures chains only"
-    return tune.get("schedules"), f"tuned by `specconvert tune` ({tune_dir(recipe)})"
+    measured, note = tuned_measurement(recipe, convert)
+    if measured is None:
+        return None, None, note
+    decision = forms.decide(measured, recipe.tune.margin)
+    target = versions.resolve(recipe.runtime.trtllm_version)
+    engines = forms.engine_forms(decision, target.version, recipe.build.max_batch_size, recipe.tune.trtllm_allow_zero)
+    return engines, {"margin": recipe.tune.margin, **decision.as_dict()}, note
+
+
+def trtllm_drafting(report: rules.RuleReport, recipe: Any, tuned: dict[str, Any] | None) -> str:
+    """What TensorRT-LLM drafts with these options, in words (the manifest's ``decisions.trtllm_drafting``)."""
+    if report.trtllm_tree:
+        return "dynamic_tree"
+    form = (tuned or {}).get("trtllm")
+    if form is None:
+        return f"chain of {recipe.build.max_draft_len}"
+    if not form["speculate"]:
+        return "none: speculation does not pay at batch size 1 (specconvert tune)"
+    schedule = form.get("draft_len_schedule")
+    if not schedule:
+        return f"chain of {form['max_draft_len']}"
+    return (f"chain of {form['max_draft_len']} at batch size 1, then by draft_len_schedule {schedule} "
+            f"(keys: batch-size {form['draft_len_schedule_keys'].replace('_', ' ')}s)")
 
 
 def _yaml(options: dict[str, Any], header: list[str]) -> str:
@@ -125,7 +108,7 @@ def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
 
 def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
     convert = read_convert(recipe)
-    tuned, tune_note = tune_schedules(recipe, convert)
+    tuned, tune_decision, tune_note = tuned_forms(recipe, convert)
     decided = plan(recipe, convert, tuned)
     target: versions.TargetVersion = decided["target"]
     report: rules.RuleReport = decided["report"]
@@ -134,6 +117,7 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
         "recipe": recipe.section("build", "runtime"),
         "convert_manifest": manifest_hash(convert),
         "tuned": tuned,
+        "tune_decision": tune_decision,
         "tensorrt_llm_installed": installed_version("tensorrt_llm"),
         "load": load,
     }
@@ -147,6 +131,9 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
                                                                                                      recipe.runtime)
     for message in warnings:
         output.warn(message)
+    for engine, form in (tuned or {}).items():
+        for note in form.get("notes") or []:
+            output.log(f"build: {engine} schedule: {note}")
 
     artifacts_in = convert["artifacts"]
     target_dir, draft_dir = str(artifacts_in["target_dir"]), str(artifacts_in["draft_dir"])
@@ -219,8 +206,9 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             "aux_layer_numbering": launch.aux_layer_numbering(aux),
             "tune": tune_note,
             "tuned": tuned,
+            "tune_decision": tune_decision,
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
-            "trtllm_drafting": "dynamic_tree" if report.trtllm_tree else f"chain of {recipe.build.max_draft_len}",
+            "trtllm_drafting": trtllm_drafting(report, recipe, tuned),
             "sglang_shape": launch.chain_or_tree(recipe.build),
             "fixes": report.fixes,
             "keys_written": {
@@ -315,11 +303,12 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
         prompt, prompt_ids = loader.WARMUP_PROMPTS[0], list(tokenizer.encode(loader.WARMUP_PROMPTS[0]))
     else:  # a target folder without tokenizer files: warm up on fixed token ids
         prompt, prompt_ids = None, list(range(1, 9))
-    tree = recipe.build.tree.model_dump() if recipe.build.tree is not None else None
+    # the bundle's own settings: a tuned bundle's draft length, or no speculation where tune turned it off
     result = decoder.generate(
         prompt_ids,
         recipe.build.warmup_tokens,
-        DecodeSettings(max_draft_len=recipe.build.max_draft_len, tree=tree, temperature=0.0),
+        DecodeSettings(max_draft_len=max(int(settings["max_draft_len"]), 1), tree=settings["tree"], temperature=0.0,
+                       speculative=bool(settings["speculative"])),
     )
     info = {
         "loaded": True,
@@ -334,7 +323,7 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
             "tokens_per_second": result.tokens_per_second,
         },
     }
-    if result.acceptance_length is not None and result.acceptance_length <= 1.0:
+    if settings["speculative"] and result.acceptance_length is not None and result.acceptance_length <= 1.0:
         info["warnings"] = [
             f"reference warm-up acceptance length {result.acceptance_length}: the head proposes nothing the target "
             "accepts (an untrained head?)"

@@ -131,8 +131,11 @@ def plan(recipe: Any, recipe_path: Path, overrides: list[str], url: str | None, 
 
     engine = recipe.workdir_path / "engine"
     manifest = require_manifest(engine, "build", "build")
+    from .outputs import served_draft_len
+
+    # requests go one at a time: the chain the bundle serves at batch 1 (a tuned bundle's, not the recipe's)
     info = {"backend": recipe.runtime.backend, "engine_manifest": manifest_hash(manifest),
-            "max_draft_len": recipe.build.max_draft_len}
+            "max_draft_len": served_draft_len(manifest, recipe.runtime.backend, 1, recipe.build.max_draft_len)}
     if recipe.runtime.backend == "reference":
         name = recipe.name
         command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
@@ -224,6 +227,7 @@ class ServeRun:
         self.servers: list[ServerRecord] = []
         self.transcripts: list[dict[str, Any]] = []
         self.metrics_available: dict[str, bool] = {}
+        self.draft_len: int = recipe.build.max_draft_len  # the chain the bundle serves at batch 1 (set from the plan)
         self.trtllm_version: str | None = None  # set for trtllm-serve phases: its line decides where acceptance is read
         self.acceptance = None  # acceptance.Acceptance from the backend's reader, when there is one
         self.counted: list[dict[str, Any]] = []  # per speculative request: the engine counters' delta around it
@@ -316,7 +320,7 @@ class ServeRun:
                 if label == SPECULATIVE and self.trtllm_version and phase.name.startswith("trtllm-serve"):
                     from ..backends.trtllm.acceptance import AcceptanceReader
 
-                    reader = AcceptanceReader(self.trtllm_version, self.recipe.build.max_draft_len, base_url)
+                    reader = AcceptanceReader(self.trtllm_version, self.draft_len, base_url)
                     await reader.start()
                 stopped: str | None = None
                 for prompt in self.prompts:
@@ -418,7 +422,7 @@ class ServeRun:
         if outcome.error_kind not in ("connect", "incomplete", "timeout"):
             entries = await self._drain(client, label)
             if label == SPECULATIVE and not stream and entries and outcome.stats is None:
-                outcome.stats = request_stats(entries[-1], self.recipe.build.max_draft_len)
+                outcome.stats = request_stats(entries[-1], self.draft_len)
         completion = outcome.completion
         mark = "✓" if completion else "✗"
         output.log(f"  {mark} {label}{' (stream)' if stream else ''} {prompt.id}: "
@@ -555,6 +559,7 @@ def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str |
     with sigterm_unwinds(), stage_dir(final, STAGE, inputs) as stage:
         serve = ServeRun(recipe, prompts, stage.path)
         serve.trtllm_version = info.get("trtllm_version")
+        serve.draft_len = info.get("max_draft_len", serve.draft_len)
         serve.speculation_off = speculation_off
         for index, phase in enumerate(phases):
             serve.run_phase(phase)

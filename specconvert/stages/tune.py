@@ -1,7 +1,9 @@
 """The `tune` stage: measure acceptance and step costs, predict, check, and choose the draft shape.
 
 convert/ + recipe `tune` -> <workdir>/tune/ (report.json, report.md, tune.png, manifest.json).
-`build` then writes each engine's own schedule from ``manifest.json``'s ``schedules``.
+The manifest holds what was measured (``measured``: tokens/s per draft length and concurrency)
+and the choice made from it; `build` makes the choice again for its own settings and writes each
+engine's form (``tuning.forms``). The report shows those forms as build would write them now.
 
 What is measured, on the recipe's runtime:
 - the head's per-position acceptance on the tune prompts (chain of the longest length K);
@@ -24,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import output
-from ..errors import ExternalFailure, InputError
-from ..manifest import compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
+from ..errors import CheckFailed, ExternalFailure, InputError
+from ..manifest import canonical_hash, compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
+from ..tuning import forms
 from ..tuning import model as M
 from ..tuning.measure import DRAFTER_IDLE, Measured, measure_reference, measure_vllm, per_position, vllm_launch
+from .outputs import read_convert, tune_dir
 
 STAGE = "tune"
 REPORT_SCHEMA_VERSION = 1
@@ -37,17 +41,6 @@ REPORT_SCHEMA_VERSION = 1
 class TuneResult:
     manifest: dict[str, Any]
     skipped: bool
-
-
-def tune_dir(recipe: Any) -> Path:
-    return recipe.workdir_path / "tune"
-
-
-def read_tune(recipe: Any) -> dict[str, Any] | None:
-    """The tune manifest when a complete one exists (build picks its schedules up), else None."""
-    from ..manifest import read_manifest
-
-    return read_manifest(tune_dir(recipe))
 
 
 def candidate_lengths(recipe: Any) -> list[int]:
@@ -126,7 +119,8 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
 
 def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margin: float,
            requests_per_step: dict[int, float] | None) -> dict[str, Any]:
-    """Predicted vs measured table, per-level choice (by measured tokens/s) and the segments.
+    """Predicted vs measured table and the choice the prediction alone would make (the measured choice:
+    ``tuning.forms.decide``).
 
     The prediction uses only what a user could measure cheaply: per-position acceptance of the
     longest chain, and step costs of plain decoding and of the longest chain, interpolated in
@@ -155,48 +149,29 @@ def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margi
                      "measured_tokens_per_step": round(m.acceptance_length, 4) if m.acceptance_length else None,
                      "step_s": round(m.step_s, 6), "identical_to_plain": m.identical_to_plain,
                      "failed_requests": m.failed_requests})
-    choice = M.best_per_level(measured_rates, margin)
     predicted_choice = M.best_per_level({key: p.tokens_per_second for key, p in predicted.items()}, margin)
-    segments = M.schedule(choice)
-    return {"rows": rows, "choice": choice, "predicted_choice": predicted_choice, "segments": segments,
-            "measured_rates": measured_rates}
+    return {"rows": rows, "predicted_choice": predicted_choice, "measured_rates": measured_rates}
 
 
-def vllm_choice(choice: dict[int, int], rates: dict[tuple[int, int], float], idle: dict[int, float],
-                margin: float) -> dict[int, int]:
-    """vLLM's own per-level choice: a 0 inside its schedule still runs the drafter (``idle``: measured tokens/s of
-    that server), so where plain decoding won, the schedule takes the best of that idle 0 and every chain length.
-    Where plain decoding wins at every level the bundle serves the target alone, a true 0."""
-    if not idle or all(k == 0 for k in choice.values()):
-        return dict(choice)
-    out = {}
-    for b, k in choice.items():
-        if k != 0 or b not in idle:
-            out[b] = k
-            continue
-        options = {(0, b): idle[b], **{(kk, bb): r for (kk, bb), r in rates.items() if bb == b and kk > 0}}
-        out[b] = M.best_per_level(options, margin)[b]
-    return out
-
-
-def engine_schedules(recipe: Any, segments: list[M.Segment], choice: dict[int, int],
-                     vllm_segments: list[M.Segment] | None = None) -> dict[str, Any]:
-    """Each engine's own form of the decision (written into the bundle by build); ``vllm_segments``: vLLM's own
-    (see :func:`vllm_choice`), default ``segments``."""
-    from ..backends.sglang import schedule as sglang
-    from ..backends.trtllm import schedule as trt, versions
-    from ..backends.vllm import schedule as vllm
+def engine_forms_preview(recipe: Any, decision: forms.Decision) -> dict[str, Any]:
+    """Each engine's form of ``decision`` as build would write it with this recipe now (build derives it again)."""
+    from ..backends.trtllm import versions
 
     target = versions.resolve(recipe.runtime.trtllm_version)
-    return {
-        "trtllm": {"version": target.version,
-                   **trt.speculative_settings(segments, recipe.build.max_batch_size, target.version,
-                                              allow_zero=recipe.tune.trtllm_allow_zero)},
-        "vllm": vllm.speculative_settings(vllm_segments or segments, recipe.build.max_batch_size),
-        "sglang": sglang.speculative_settings(choice),
-        # The reference server decodes one request at a time: its batch is always 1.
-        "reference": {"speculate": segments[0].draft_len > 0, "max_draft_len": segments[0].draft_len},
-    }
+    return forms.engine_forms(decision, target.version, recipe.build.max_batch_size, recipe.tune.trtllm_allow_zero)
+
+
+def fingerprint_inputs(recipe: Any, convert: dict[str, Any]) -> dict[str, Any]:
+    """What the measurement depends on: the recipe minus the keys that change no measurement (where servers
+    listen, which TensorRT-LLM build writes for, the margin and floor build applies, plots), the prompts by
+    content (not path), and the convert it ran on."""
+    sections = recipe.section("tune", "build", "runtime")
+    for section, keys in (("runtime", ("host", "port", "trtllm_version")),
+                          ("tune", ("margin", "trtllm_allow_zero", "plots", "prompts"))):
+        for key in keys:
+            sections[section].pop(key, None)
+    return {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
+            "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
 
 
 def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[int, int], float]) -> list[str]:
@@ -225,8 +200,6 @@ def run(recipe: Any, force: bool = False, recipe_path: Path | None = None) -> Tu
 
 
 def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
-    from .build import read_convert
-
     convert = read_convert(recipe)
     backend = recipe.runtime.backend
     if backend not in ("reference", "vllm"):
@@ -237,8 +210,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     lengths = candidate_lengths(recipe)
     lvls = levels(recipe)
     final = tune_dir(recipe)
-    inputs = {"recipe": recipe.section("tune", "build", "runtime"), "bench_prompts": recipe.bench.prompts,
-              "convert_manifest": manifest_hash(convert)}
+    inputs = fingerprint_inputs(recipe, convert)
     if not force:
         existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
         if existing is not None:
@@ -263,22 +235,29 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             serial = {b: 1 for b in lvls}
             note = "the reference server serves one request at a time: each level's cost is concurrency 1's"
         idle = {b: m for (k, b), m in runs.items() if k == DRAFTER_IDLE}
-        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
-        if any(m.failed_requests for m in [*runs.values(), *idle.values()]):
+        if any(m.failed_requests for m in runs.values()):
             bad = sum(m.failed_requests for m in runs.values())
             raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
-        if any(not m.identical_to_plain for m in runs.values()):
-            raise InputError("tune: a speculative run's output differs from plain decoding (greedy must be lossless)",
-                             fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        diverged = sorted((k, b) for (k, b), m in runs.items() if m.identical_to_plain is False)
+        if diverged:
+            k, b = diverged[0]
+            where = runs[(k, b)].first_divergence or {}
+            raise CheckFailed(f"tune: draft length {'0 (drafter idle)' if k == DRAFTER_IDLE else k}, concurrency {b}: "
+                              f"the greedy output differs from plain decoding's on prompt {where.get('prompt')} at "
+                              f"output token {where.get('position')} (greedy must be lossless)",
+                              fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
         longest = [m for (k, _), m in runs.items() if k == top]
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
         decision = decide(runs, acceptance, recipe.tune.margin, serial)
         idle_rates = {b: m.tokens_per_second for b, m in idle.items()}
-        v_choice = vllm_choice(decision["choice"], decision["measured_rates"], idle_rates, recipe.tune.margin)
-        schedules = engine_schedules(recipe, decision["segments"], decision["choice"], M.schedule(v_choice))
-        lines = verdict_lines(decision["choice"], lengths, decision["measured_rates"])
+        measured = forms.Measurement(decision["measured_rates"], idle_rates)
+        chosen = forms.decide(measured, recipe.tune.margin)
+        v_choice = chosen.vllm_choice
+        preview = engine_forms_preview(recipe, chosen)
+        lines = verdict_lines(chosen.choice, lengths, decision["measured_rates"])
         for b, k in sorted(v_choice.items()):
-            if b in idle_rates and decision["choice"][b] == 0 and v_choice != decision["choice"]:
+            if b in idle_rates and chosen.choice[b] == 0 and v_choice != chosen.choice:
                 base = decision["measured_rates"].get((0, b)) or 0
                 rate = idle_rates[b] if k == 0 else decision["measured_rates"][(k, b)]
                 lines.append(f"vLLM, concurrency {b}: a 0 in its schedule still runs the drafter "
@@ -297,12 +276,13 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             "per_position_acceptance": [round(p, 4) for p in acceptance],
             "measurements": [m.as_dict() for m in runs.values()],
             "table": decision["rows"],
-            "choice": {str(b): k for b, k in decision["choice"].items()},
+            "choice": {str(b): k for b, k in chosen.choice.items()},
             "vllm_choice": {str(b): k for b, k in v_choice.items()} if idle else None,
             "vllm_drafter_idle": ({str(b): m.as_dict() for b, m in idle.items()} if idle else None),
             "predicted_choice": {str(b): k for b, k in decision["predicted_choice"].items()},
-            "segments": [s.as_dict() for s in decision["segments"]],
-            "schedules": schedules,
+            "segments": [s.as_dict() for s in chosen.segments],
+            "measured": measured.as_dict(),
+            "engine_forms_preview": preview,
             "verdict": lines,
             "servers": servers,
             "tune_s": round(time.perf_counter() - t0, 2),
@@ -311,8 +291,8 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
         (stage.path / "report.md").write_text(render_markdown(report), encoding="utf-8")
         if recipe.tune.plots:
             _plot(report, stage.path / "tune.png")
-        stage.finish(schedules=schedules, segments=report["segments"], choice=report["choice"],
-                     vllm_choice=report["vllm_choice"],
+        stage.finish(measured=report["measured"], margin=recipe.tune.margin, segments=report["segments"],
+                     choice=report["choice"], vllm_choice=report["vllm_choice"],
                      per_position_acceptance=report["per_position_acceptance"], verdict=lines,
                      timings={"tune_s": report["tune_s"]})
     return TuneResult(stage.manifest, skipped=False)
@@ -334,8 +314,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "costs: the drafter still runs each step): "
                 + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s" for b, m in idle.items())]
     out += ["", "## Choice", ""] + [f"- {line}" for line in report["verdict"]]
-    out += ["", "## Schedules written into the bundle", ""]
-    for engine, s in report["schedules"].items():
+    out += ["", "## Each engine's schedule, as `build` derives it with this recipe now", "",
+            "build makes the choice again from the measurements above, with its own settings (the TensorRT-LLM "
+            "version it builds for, `tune.margin`, `tune.trtllm_allow_zero`, `build.max_batch_size`).", ""]
+    for engine, s in report["engine_forms_preview"].items():
         shown = {k: v for k, v in s.items() if k != "notes"}
         out.append(f"- **{engine}**: `{shown}`")
         out += [f"  - {n}" for n in s.get("notes", [])]

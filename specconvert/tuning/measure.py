@@ -9,6 +9,8 @@ tokens, decoding wall time, request-steps and accepted drafts per position.
 - vLLM: one server per candidate length (k = 0 is the target alone), all up together, and
   runs interleaved level by level and length by length (A B C D A B C D ...). Acceptance comes
   from each server's Prometheus counters, tokens from the token ids vLLM returns per chunk.
+  Lossless: every candidate's greedy output token ids at concurrency 1 (one request at a time)
+  are compared with plain decoding's on the same prompts; batched runs are not compared.
   Where RAM does not hold every server (``runtime.vllm_servers``), one server at a time runs all
   its levels; the drift between candidates is then not cancelled, and the report says so.
   One more vLLM candidate, :data:`DRAFTER_IDLE`: a server whose schedule drafts 0 tokens at every
@@ -41,7 +43,10 @@ class Measured:
     prefill_tokens: int = 0  # tokens in `tokens` that prefills produced (one per served request)
     decode_s: float = 0.0  # wall time of the run (the reference: its decoding steps, prefill excluded)
     accepted_per_position: list[float] = field(default_factory=list)
-    identical_to_plain: bool = True
+    # greedy output token ids equal to plain decoding's on the same prompts; None = not compared (vLLM compares
+    # at concurrency 1 only: batched runs are not batch-invariant, so a near-tie may flip there legitimately)
+    identical_to_plain: bool | None = True
+    first_divergence: dict[str, int] | None = None  # {"prompt": i, "position": p} of the first differing token
     failed_requests: int = 0
 
     @property
@@ -63,12 +68,43 @@ class Measured:
                 "decode_s": round(self.decode_s, 4), "step_s": round(self.step_s, 6),
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "acceptance_length": round(self.acceptance_length, 4) if self.acceptance_length else None,
-                "identical_to_plain": self.identical_to_plain, "failed_requests": self.failed_requests}
+                "identical_to_plain": self.identical_to_plain, "first_divergence": self.first_divergence,
+                "failed_requests": self.failed_requests}
 
 
 def per_position(m: Measured) -> list[float]:
     """Share of request-steps whose draft position i was accepted."""
     return [a / m.steps for a in m.accepted_per_position] if m.steps else [0.0] * len(m.accepted_per_position)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first token where two outputs differ (the shorter one's length when one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare_to_plain(runs: dict[tuple[int, int], Measured], outputs: dict[int, dict[int, list[int] | None]],
+                     level: int) -> None:
+    """Set ``identical_to_plain`` of every candidate's run at ``level`` from its output token ids per prompt
+    (``outputs[k][request index]``) against plain decoding's (k = 0) on the same prompts; None where no
+    request had token ids on both sides."""
+    plain = outputs.get(0) or {}
+    for k, got in outputs.items():
+        m = runs.get((k, level))
+        if k == 0 or m is None:
+            continue
+        compared = 0
+        m.identical_to_plain, m.first_divergence = True, None
+        for i, ids in sorted(got.items()):
+            ref = plain.get(i)
+            if ids is None or ref is None:
+                continue
+            compared += 1
+            if ids != ref:
+                m.identical_to_plain = False
+                m.first_divergence = {"prompt": i, "position": first_difference(ids, ref)}
+                break
+        if not compared:
+            m.identical_to_plain = None
 
 
 # --- the reference decoder ---------------------------------------------------------------------
@@ -99,8 +135,9 @@ def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: S
             for s in decode:
                 for i in range(min(s.accepted, k)):
                     m.accepted_per_position[i] += 1
-            if plain_tokens is not None and res.token_ids != plain_tokens:
+            if plain_tokens is not None and res.token_ids != plain_tokens and m.identical_to_plain:
                 m.identical_to_plain = False
+                m.first_divergence = {"prompt": n, "position": first_difference(res.token_ids, plain_tokens)}
     return out
 
 
@@ -131,14 +168,18 @@ def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads
     from ..bench.servers import started_servers
 
     out: dict[tuple[int, int], Measured] = {}
+    outputs: dict[int, dict[int, list[int] | None]] = {}  # draft length -> request index -> token ids, at level 1
     servers: list[dict[str, Any]] = []
     groups = [list(launches)] if together else [[k] for k in launches]
     for group in groups:
         with started_servers([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
                              stage="tune") as started:
             urls = {k: started[_label(k)] for k in group}
-            asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run))
+            asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run, outputs))
             servers += started["servers"]
+    for (k, _), m in out.items():
+        m.identical_to_plain = True if k == 0 else None  # compared below, at concurrency 1 only
+    compare_to_plain(out, outputs, 1)
     return out, servers
 
 
@@ -147,7 +188,8 @@ def _label(k: int) -> str:
 
 
 async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels: Sequence[int], repeats: int,
-                run_timeout_s: float, out: dict[tuple[int, int], Measured], on_run: Callable[[], None] | None) -> None:
+                run_timeout_s: float, out: dict[tuple[int, int], Measured], on_run: Callable[[], None] | None,
+                outputs: dict[int, dict[int, list[int] | None]]) -> None:
     from ..backends.vllm import counters
     from ..bench.loadgen import Endpoint, list_models, run_load
     from ..serving.client import OpenAIClient
@@ -168,6 +210,8 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                     after = await counters.snapshot(client) if k > 0 else None
                     m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * max(k, 0)))
                     ok = [r for r in records if r.ok]
+                    if b == 1 and rep == 0:  # one request at a time: the same batch of one on every server
+                        outputs[k] = {r.index: r.token_ids for r in ok}
                     m.failed_requests += len(records) - len(ok)
                     tokens = sum(r.output_tokens for r in ok)
                     m.tokens += tokens

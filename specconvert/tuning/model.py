@@ -22,7 +22,9 @@ draft lengths at a boundary (the threshold thrash users report, vLLM #49548).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from ..draft_schedule import Segment
 
 
 def tokens_per_step(per_position: Sequence[float | None], k: int) -> float:
@@ -89,23 +91,31 @@ def best_per_level(rates: Mapping[tuple[int, int], float], margin: float = 0.03)
     for b in levels:
         ks = sorted(k for k, lb in rates if lb == b)
         best = ks[0]
-        for k in ks[1:]:
-            if rates[(k, b)] > rates[(best, b)] * (1 + margin):
+        for i, k in enumerate(ks[1:], 1):
+            # every shorter length, chosen or not: {0: 100, 1: 102.9, 2: 103.1} keeps 0, since 2 is
+            # within the margin of 1 (a rule against the current best alone would take 2)
+            best_shorter = max(rates[(j, b)] for j in ks[:i])
+            if rates[(k, b)] > best_shorter * (1 + margin):
                 best = k
         choice[b] = best
     return choice
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Draft length ``draft_len`` for batch sizes ``start..end`` (inclusive; end None = no bound)."""
-
-    start: int
-    end: int | None
-    draft_len: int
-
-    def as_dict(self) -> dict[str, int | None]:
-        return {"start": self.start, "end": self.end, "draft_len": self.draft_len}
+def vllm_choice(choice: Mapping[int, int], rates: Mapping[tuple[int, int], float], idle: Mapping[int, float],
+                margin: float) -> dict[int, int]:
+    """vLLM's own per-level choice: a 0 inside its schedule still runs the drafter (``idle``: measured tokens/s of
+    that server), so where plain decoding won, the schedule takes the best of that idle 0 and every chain length.
+    Where plain decoding wins at every level the bundle serves the target alone, a true 0."""
+    if not idle or all(k == 0 for k in choice.values()):
+        return dict(choice)
+    out = {}
+    for b, k in choice.items():
+        if k != 0 or b not in idle:
+            out[b] = k
+            continue
+        options = {(0, b): idle[b], **{(kk, bb): r for (kk, bb), r in rates.items() if bb == b and kk > 0}}
+        out[b] = best_per_level(options, margin)[b]
+    return out
 
 
 def schedule(choice: Mapping[int, int]) -> list[Segment]:
@@ -139,11 +149,3 @@ def schedule(choice: Mapping[int, int]) -> list[Segment]:
         if end is not None:
             start = end + 1
     return segments
-
-
-def draft_len_at(segments: Iterable[Segment], batch_size: int) -> int:
-    """The draft length a schedule gives a batch size (the reference lookup every writer is tested against)."""
-    for seg in segments:
-        if seg.start <= batch_size and (seg.end is None or batch_size <= seg.end):
-            return seg.draft_len
-    raise ValueError(f"batch size {batch_size} is outside the schedule")

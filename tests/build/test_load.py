@@ -101,6 +101,7 @@ def _fake_reference_module(calls: list) -> types.ModuleType:
         max_draft_len: int
         tree: object
         temperature: float
+        speculative: bool = True
 
     class _Tokenizer:
         def encode(self, text):

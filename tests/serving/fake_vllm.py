@@ -16,6 +16,7 @@ together run (and finish) together. Each step looks its draft length up in the
 ``num_speculative_tokens_per_batch_size`` schedule for the number of requests running in it
 (vLLM's lookup by batch size): where it gives 0, that step decodes one token and drafts nothing.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
+``FAKE_VLLM_LOSSY_K=N``: the server with ``num_speculative_tokens`` N streams token id 3 as 1003.
 """
 
 from __future__ import annotations
@@ -138,12 +139,18 @@ def main(argv: list[str]) -> None:
                 delta = ({"index": 0, "delta": {"content": text(g)}, "finish_reason": None} if is_chat
                          else {"index": 0, "text": text(g), "finish_reason": None})
                 if with_ids:
-                    delta["token_ids"] = g
+                    delta["token_ids"] = lossy(g)
                 yield f"data: {json.dumps({'model': name, 'choices': [delta]})}\n\n"
             yield f"data: {json.dumps({'model': name, 'choices': [], 'usage': {'prompt_tokens': 5, 'completion_tokens': sent}})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    def lossy(ids):
+        """``FAKE_VLLM_LOSSY_K=N``: the server drafting N streams token id 3 changed (a lossy engine), ids only."""
+        if spec and os.environ.get("FAKE_VLLM_LOSSY_K") == str(n_spec):
+            return [t + 1000 if t == 3 else t for t in ids]
+        return ids
 
     app = Starlette(routes=[Route("/health", health), Route("/v1/models", models), Route("/metrics", metrics),
                             Route("/v1/chat/completions", chat, methods=["POST"]),

@@ -2,6 +2,7 @@
 
 import pytest
 
+from specconvert.draft_schedule import draft_len_at
 from specconvert.tuning import model as M
 
 
@@ -37,6 +38,10 @@ def test_interpolated_costs_are_linear_and_hit_the_ends():
     pytest.param({(0, 1): 10.0, (1, 1): 10.2, (2, 1): 13.0}, {1: 2}, id="clear-winner"),
     pytest.param({(0, 1): 10.0, (1, 1): 10.2}, {1: 0}, id="within-margin-shorter-wins"),
     pytest.param({(0, 1): 10.0, (2, 1): 9.0, (0, 4): 40.0, (2, 4): 30.0}, {1: 0, 4: 0}, id="never-pays"),
+    # 2 beats the chosen 0 by 3.1 % but the best shorter length (1, not chosen) by 0.2 %: the margin is
+    # against the best shorter one (recipe.py, docs/tune.md), so 0 stays
+    pytest.param({(0, 1): 100.0, (1, 1): 102.9, (2, 1): 103.1}, {1: 0}, id="margin-against-best-shorter"),
+    pytest.param({(0, 1): 100.0, (1, 1): 110.0, (2, 1): 111.0, (3, 1): 115.0}, {1: 3}, id="longer-clears-every-shorter"),
 ])
 def test_best_per_level(rates, expected):
     assert M.best_per_level(rates, margin=0.03) == expected
@@ -46,7 +51,7 @@ def test_schedule_is_monotone_and_switches_between_levels():
     segs = M.schedule({1: 3, 2: 3, 4: 1, 8: 2, 16: 0})
     # 8 asked for more than 4: clamped to 1, no island; the switch to 0 sits between 8 and 16.
     assert [(s.start, s.end, s.draft_len) for s in segs] == [(1, 2, 3), (3, 11, 1), (12, None, 0)]
-    assert [M.draft_len_at(segs, b) for b in (1, 2, 3, 8, 11, 12, 100)] == [3, 3, 1, 1, 1, 0, 0]
+    assert [draft_len_at(segs, b) for b in (1, 2, 3, 8, 11, 12, 100)] == [3, 3, 1, 1, 1, 0, 0]
 
 
 def test_schedule_needs_batch_one():

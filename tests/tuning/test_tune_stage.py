@@ -50,7 +50,9 @@ def test_tune_measures_every_candidate_and_turns_off_a_useless_head(tiny_recipe,
     # A random head accepts (almost) nothing: nowhere does drafting pay, so every engine serves plain.
     assert report["per_position_acceptance"][0] < 0.2
     assert report["choice"] == {"1": 0, "4": 0}
-    schedules = out["manifest"]["schedules"]
+    # the manifest holds the measurement; each engine's form is build's to derive (previewed in the report)
+    assert "schedules" not in out["manifest"] and out["manifest"]["measured"]["tokens_per_second"]
+    schedules = report["engine_forms_preview"]
     assert not schedules["vllm"]["speculate"] and not schedules["trtllm"]["speculate"]
     assert not schedules["sglang"]["speculate"] and not schedules["reference"]["speculate"]
     assert any("does not pay" in line for line in report["verdict"])
@@ -105,11 +107,33 @@ def test_tune_on_vllm_runs_one_server_per_length_and_reads_its_counters(tiny_rec
     assert tau[(0, 1)] == pytest.approx(1.0) and tau[(1, 4)] == pytest.approx(1.8) and tau[(2, 1)] == pytest.approx(3.0)
     assert report["per_position_acceptance"] == pytest.approx([1.0, 1.0])
     assert report["runtime"] == "vllm" and set(report["choice"]) == {"1", "4"}
+    # lossless evidence: compared token by token with plain decoding at concurrency 1 (not compared when batched)
+    same = {(m["draft_len"], m["concurrency"]): m["identical_to_plain"] for m in report["measurements"]}
+    assert same == {(0, 1): True, (0, 4): True, (1, 1): True, (1, 4): None, (2, 1): True, (2, 4): None}
+    assert all(m["identical_to_plain"] for m in idle.values() if m["concurrency"] == 1)
+
+
+def test_tune_on_vllm_fails_when_a_length_changes_the_greedy_output(tiny_recipe, fake_vllm, monkeypatch,  # noqa: F811
+                                                                     capsys):
+    """The vLLM TEST DOUBLE's k=2 server streams token id 3 changed: tune compares token ids with plain
+    decoding's on the same prompts, and stops (exit 1) naming the length, the prompt and the token."""
+    from specconvert.backends.vllm import memory
+
+    root, path = tiny_recipe
+    exe, _ = fake_vllm
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 64.0)
+    monkeypatch.setenv("FAKE_VLLM_LOSSY_K", "2")
+    capsys.readouterr()
+    code = _cli("tune", path, "--force", "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=10")
+    err = capsys.readouterr().err
+    assert code == 1, err[-2000:]
+    assert "draft length 2, concurrency 1" in err and "prompt 0 at output token 3" in err
 
 
 def test_vllm_choice_weighs_a_scheduled_zero_at_its_measured_cost():
     """vLLM's 0 still runs the drafter: where plain decoding won, the best of that idle 0 and every chain is used."""
-    from specconvert.stages.tune import vllm_choice
+    from specconvert.tuning.model import vllm_choice
 
     rates = {(0, 1): 10.0, (1, 1): 12.0, (2, 1): 13.0, (0, 4): 48.0, (1, 4): 45.0, (2, 4): 39.0}
     choice = {1: 2, 4: 0}

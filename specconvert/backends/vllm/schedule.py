@@ -7,14 +7,22 @@ requires positive, sorted, non-overlapping ranges starting at 1 and K >= 0, and
 `build_dynamic_sd_schedule_lookup` caps every K at `num_speculative_tokens` (which
 must be > 0) and carries the last K past the final range. The scheduler
 (`vllm/v1/core/sched/scheduler.py`, `dynamic_sd_lookup`) picks K per step from the
-number of scheduled requests. Data parallelism > 1 disables it (`vllm/config/vllm.py`).
+number of scheduled requests. With `--data-parallel-size` > 1 vLLM drops the schedule and drafts
+`num_speculative_tokens` at every batch size, with a warning ("Dynamic speculative decoding is not
+supported with data parallelism": `vllm/config/vllm.py`, `_maybe_disable_dynamic_sd_for_data_parallel`,
+vLLM 0.32), so a schedule's notes say so.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...tuning.model import Segment
+from ...draft_schedule import Segment
+
+
+DATA_PARALLEL_NOTE = ("vLLM ignores num_speculative_tokens_per_batch_size with --data-parallel-size > 1 and then "
+                      "drafts num_speculative_tokens={top} at every batch size (vllm/config/vllm.py, vLLM 0.32): "
+                      "serve this bundle without data parallelism, or retune for one length")
 
 
 def speculative_settings(segments: Sequence[Segment], max_num_seqs: int) -> dict[str, Any]:
@@ -37,7 +45,8 @@ def speculative_settings(segments: Sequence[Segment], max_num_seqs: int) -> dict
         entries.append([seg.start, end, seg.draft_len])
         if end >= max_num_seqs:
             break
-    return {"speculate": True, "num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": entries, "notes": []}
+    return {"speculate": True, "num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": entries,
+            "notes": [DATA_PARALLEL_NOTE.format(top=top)]}
 
 
 def draft_len_at(entries: list[list[int]] | None, num_speculative_tokens: int, batch_size: int) -> int:
