@@ -11,11 +11,11 @@ fails on a number that does not exist.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
+from ...prometheus import totals
 from ...serving.acceptance import Acceptance, from_counts, from_stream_chunks, unavailable
 from .versions import in_release_window
 
@@ -62,21 +62,9 @@ def from_iteration_stats(items: Sequence[Any]) -> Acceptance:
                        accepted_tokens=accepted)
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> metric name -> value summed over label sets (ranks, models)."""
-    totals: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match or line.startswith("#"):
-            continue
-        try:
-            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-        except ValueError:
-            continue
-    return totals
+    return totals(text)
 
 
 def from_prometheus(before: dict[str, float] | None, after: dict[str, float] | None, max_draft_len: int) -> Acceptance:

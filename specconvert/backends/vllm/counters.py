@@ -10,9 +10,9 @@ difference of two snapshots, tau = 1 + accepted / drafts, position i's rate = ac
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from ...prometheus import samples
 from ...serving.acceptance import Acceptance, from_counts, unavailable
 
 SOURCE = "vllm counters"
@@ -23,9 +23,6 @@ ACCEPTED = PREFIX + "num_accepted_tokens_total"
 PER_POS = PREFIX + "num_accepted_tokens_per_pos_total"
 NAMES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS)
 
-_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
 
 class Snapshot(dict):
     """``{(counter name, position or None): value}``, summed over engines and model names."""
@@ -34,34 +31,37 @@ class Snapshot(dict):
 def parse(text: str) -> Snapshot:
     """The spec-decode counters of one Prometheus exposition text (other metrics ignored)."""
     snap = Snapshot()
-    for line in text.splitlines():
-        if not line.startswith(PREFIX):
-            continue
-        match = _SAMPLE.match(line)
-        if not match or match["name"] not in NAMES:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        position = int(labels["position"]) if match["name"] == PER_POS and labels.get("position", "").isdigit() else None
-        key = (match["name"], position)
-        snap[key] = snap.get(key, 0.0) + value
+    for sample in samples(text, NAMES):
+        position = sample.labels.get("position", "")
+        key = (sample.name, int(position) if sample.name == PER_POS and position.isdigit() else None)
+        snap[key] = snap.get(key, 0.0) + sample.value
     return snap
 
 
 def delta(before: Snapshot | None, after: Snapshot | None, requests: int = 0) -> Acceptance:
-    """Acceptance of what happened between two snapshots."""
+    """Acceptance of what happened between two snapshots.
+
+    Only a difference measures the run: without the "before" scrape the absolute counters would
+    count every earlier request too, and a counter that went down means the server restarted
+    between the scrapes (vLLM's counters only grow while a process lives). Both are
+    ``unavailable`` with the reason, never a number and never "speculation did not run".
+    """
     if after is None:
-        return unavailable(SOURCE, "GET /metrics did not answer")
+        return unavailable(SOURCE, "GET /metrics did not answer after the run")
     if not any(name == DRAFTS for name, _ in after):
         return unavailable(SOURCE, f"GET /metrics has no {DRAFTS} (speculative decoding is not configured)")
-    before = before or Snapshot()
+    if before is None:
+        return unavailable(SOURCE, "GET /metrics did not answer before the run, so the counters' change over the "
+                           "run is unknown (the absolute counters include earlier requests)")
 
     def diff(key: tuple[str, int | None]) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
+    fell = sorted(f"{name}{'' if pos is None else f'{{position={pos}}}'}"
+                  for name, pos in set(before) | set(after) if diff((name, pos)) < 0)
+    if fell:
+        return unavailable(SOURCE, f"counters went down during the run ({', '.join(fell)}): the server restarted "
+                           "between the scrapes, so the run's change is unknown")
     positions = sorted(p for name, p in after if name == PER_POS and p is not None)
     per_pos = [diff((PER_POS, p)) for p in range(positions[-1] + 1)] if positions else None
     return from_counts(SOURCE, drafts=diff((DRAFTS, None)), draft_tokens=int(diff((DRAFT_TOKENS, None))),
