@@ -166,13 +166,18 @@ def create_app(engine: ReferenceEngine, max_model_len: int | None = None, max_bo
         usage = {"prompt_tokens": len(prompt_ids)}
         object_name = "chat.completion.chunk" if chat else "text_completion"
 
+        as_ids = bool(body.return_tokens_as_token_ids)
+
+        def token_text(token_id: int) -> str:
+            return engine.token_text(token_id, as_ids)
+
         def logprobs_of(delta: Delta) -> dict | None:
             if delta.logprobs is None:
                 return None
             if chat:
-                return chat_logprobs(delta.logprobs, engine.token_text)
+                return chat_logprobs(delta.logprobs, token_text)
             return completion_logprobs(delta.logprobs, [o + len(echo_text) for o in delta.text_offsets or []],
-                                       engine.token_text)
+                                       token_text)
 
         def chunk(delta: Delta | None, first: bool = False) -> dict[str, Any]:
             if chat:

@@ -184,10 +184,11 @@ class ReferenceEngine:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def token_text(self, token_id: int) -> str:
-        """One token as text for logprobs (special tokens kept; vLLM's ``token_id:N`` without a tokenizer)."""
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
+    def token_text(self, token_id: int, as_token_id: bool = False) -> str:
+        """One token as logprobs spell it: its text (special tokens kept), or vLLM's ``token_id:N`` when
+        ``as_token_id`` (the request's ``return_tokens_as_token_ids``) or when there is no tokenizer."""
+        if as_token_id or self.tokenizer is None:
+            return token_id_spelling(token_id)
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
     # ------------------------------------------------------------------ generation
@@ -334,6 +335,11 @@ class ReferenceEngine:
     def close(self) -> None:
         self.closed = True  # the app answers 503 from here on
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def token_id_spelling(token_id: int) -> str:
+    """vLLM's spelling of a token by id (vllm 0.32 ``format_token_id_placeholder``): ``token_id:N``."""
+    return f"token_id:{int(token_id)}"
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:

@@ -110,7 +110,19 @@ def likely_causes(engine: Acceptance, reference: Acceptance) -> list[str]:
 
 # ---------------------------------------------------------------------- lossless diagnosis
 
-_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")  # vLLM's return_tokens_as_token_ids spelling; the reference server's too
+
+
+def token_id_of(token: str) -> int | None:
+    """The id in a ``token_id:N`` spelling, else None (a token spelled as text)."""
+    match = _TOKEN_ID.match(token)
+    return int(match[1]) if match else None
+
+
+def _is(token: str, wanted: int | str) -> bool:
+    if isinstance(wanted, int):
+        return token_id_of(token) == wanted
+    return token == wanted
 
 
 def top_logprobs_at(logprobs: Any, index: int) -> list[tuple[str, float]] | None:
@@ -140,32 +152,38 @@ def top_logprobs_at(logprobs: Any, index: int) -> list[tuple[str, float]] | None
 def divergence_margin(tops: Sequence[tuple[str, float]], speculative_token: int | str | None = None) -> dict[str, Any]:
     """How far the baseline's choice was ahead where the outputs split (nats, >= 0).
 
-    When the speculative token is found among the top logprobs (by ``token_id:N`` spelling or by
-    text), the margin is baseline best minus that token; otherwise it is at least the gap to the
-    last listed token, and it is labelled a lower bound.
+    The speculative token is found among the top logprobs by id (an int against the ``token_id:N``
+    spelling both vLLM and the reference server use on request) or by text (a str). Found: the
+    margin is exact. Not listed: the margin is at least the gap to the last listed token (a lower
+    bound). Only one token listed: nothing is known about the speculative token (margin None).
     """
     best_token, best = tops[0]
-    for token, lp in tops[1:]:
-        match = _TOKEN_ID.match(token)
-        if speculative_token is not None and (
-                (match and isinstance(speculative_token, int) and int(match[1]) == speculative_token)
-                or (isinstance(speculative_token, str) and token == speculative_token)):
-            return {"margin": round(best - lp, 6), "baseline_token": best_token, "speculative_token": token,
-                    "exact": True}
-    if speculative_token is None and len(tops) > 1:
+    if speculative_token is not None:
+        if _is(best_token, speculative_token):  # the probe's own best is the speculative token: the baseline flipped
+            return {"margin": 0.0, "baseline_token": best_token, "speculative_token": best_token, "exact": True,
+                    "note": "the baseline's best token here, asked again, is the speculative one"}
+        for token, lp in tops[1:]:
+            if _is(token, speculative_token):
+                return {"margin": round(best - lp, 6), "baseline_token": best_token, "speculative_token": token,
+                        "exact": True}
+    elif len(tops) > 1:
         return {"margin": round(best - tops[1][1], 6), "baseline_token": best_token, "speculative_token": tops[1][0],
                 "exact": False, "note": "speculative token not identified: gap to the runner-up"}
-    return {"margin": round(best - tops[-1][1], 6) if len(tops) > 1 else None, "baseline_token": best_token,
-            "speculative_token": None, "exact": False,
+    if len(tops) == 1:
+        return {"margin": None, "baseline_token": best_token, "speculative_token": None, "exact": False,
+                "note": "the baseline listed only its best token, so the speculative token's logprob is unknown"}
+    return {"margin": round(best - tops[-1][1], 6), "baseline_token": best_token, "speculative_token": None,
+            "exact": False, "lower_bound": True,
             "note": "the speculative token is not among the baseline's top logprobs: the margin is a lower bound"}
 
 
 def classify_divergence(margin: dict[str, Any] | None, tie_margin: float) -> str:
-    """``tie`` (margin below ``tie_margin`` nats), ``divergence``, or ``unknown`` (no logprobs)."""
+    """``tie`` (the baseline's lead is below ``tie_margin`` nats), ``divergence`` (at or above it), or ``unknown``
+    (no logprobs, a single listed token, or a lower bound below ``tie_margin``: nothing decides it)."""
     if not margin or margin.get("margin") is None:
-        return "unknown" if not margin else "divergence"
-    if margin.get("speculative_token") is None:  # not in the top list: far behind the best
-        return "divergence"
+        return "unknown"
+    if margin.get("lower_bound"):
+        return "divergence" if margin["margin"] >= tie_margin else "unknown"
     return "tie" if margin["margin"] < tie_margin else "divergence"
 
 

@@ -60,8 +60,13 @@ def test_top_logprobs_at(logprobs, index, expected):
     pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.05, 0.02, "tie", id="near-tie-by-id"),
     pytest.param([("token_id:42", -0.10), ("token_id:7", -2.10)], 7, 0.05, 2.0, "divergence", id="real-by-id"),
     pytest.param([(" b", -0.2), (" c", -0.21)], " c", 0.05, 0.01, "tie", id="near-tie-by-text"),
-    pytest.param([("token_id:42", -0.1), ("token_id:7", -0.11)], 999, 0.05, 0.01, "divergence",
-                 id="speculative-token-not-listed"),
+    # Not listed: 0.01 is only a lower bound on the lead, below the tie margin, so nothing decides it.
+    pytest.param([("token_id:42", -0.1), ("token_id:7", -0.11)], 999, 0.05, 0.01, "unknown",
+                 id="speculative-token-not-listed-lower-bound-below-margin"),
+    pytest.param([("token_id:42", -0.1), ("token_id:7", -2.1)], 999, 0.05, 2.0, "divergence",
+                 id="speculative-token-not-listed-lower-bound-above-margin"),
+    # The probe's own best is the speculative token: the baseline itself flipped between two runs.
+    pytest.param([("token_id:7", -0.70), ("token_id:42", -0.72)], 7, 0.05, 0.0, "tie", id="baseline-flipped"),
     pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.0, 0.02, "divergence", id="zero-threshold"),
 ])
 def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind):
@@ -72,6 +77,15 @@ def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind)
 
 def test_unknown_without_logprobs():
     assert oracle.classify_divergence(None, 0.05) == "unknown"
+
+
+def test_a_single_listed_token_is_unknown_not_a_divergence():
+    """Issue 20 item 1: one top entry says nothing about the speculative token (margin None): never 'divergence'."""
+    got = oracle.divergence_margin([("token_id:42", -0.1)], 7)
+    assert got["margin"] is None and "only its best token" in got["note"]
+    assert oracle.classify_divergence(got, 0.05) == "unknown"
+    chat_one = {"content": [{"token": "token_id:42", "logprob": -0.1}]}  # no top_logprobs: the chosen token only
+    assert oracle.diagnose(chat_one, 0, 7, 0.05)["class"] == "unknown"
 
 
 def test_diagnose_reads_vllm_token_id_spelling():
