@@ -370,22 +370,24 @@ def reference_settings(engine_dir: Path) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter: str = "eagle",
-                draft_len: int | None = None) -> ReferenceEngine:
+                draft_len: int | None = None, dtype: str | None = None) -> ReferenceEngine:
     """Load the reference decoder named by a bundle's ``reference/settings.json``.
 
     ``draft_len``: serve a fixed chain of that many drafted tokens instead of the bundle's setting
-    (bench's ``fixed-kN`` arms next to a tuned bundle)."""
+    (bench's ``fixed-kN`` arms next to a tuned bundle). ``dtype``: compute in this dtype instead of the
+    bundle's (the oracle computes in the dtype the engine it checks serves)."""
     from ..reference import ReferenceDecoder
     from ..reference.decoder import resolve_device
 
     _, settings = reference_settings(engine_dir)
     requested = settings.get("device") or "auto" if device == "auto" else device
     dev = str(resolve_device(requested))
+    dtype = dtype or settings.get("dtype")
     decoder = ReferenceDecoder.from_dirs(
         settings["target_dir"], settings["draft_dir"], settings["aux_layer_ids"],
-        device=dev, dtype=settings.get("dtype") or "auto", drafter=drafter,
+        device=dev, dtype=dtype or "auto", drafter=drafter,
     )
-    description = {"device": dev, "dtype": settings.get("dtype"), "drafter": drafter,
+    description = {"device": dev, "dtype": dtype, "drafter": drafter,
                    "max_draft_len": settings.get("max_draft_len"), "tree": settings.get("tree"),
                    "target_dir": settings["target_dir"], "draft_dir": settings["draft_dir"]}
     speculate = settings.get("speculative", True) is not False

@@ -216,9 +216,9 @@ def evaluate(run: Any) -> dict[str, Any]:
     verdict = getattr(run, "oracle", None)
     if verdict is not None:
         check("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),
-              verdict["tolerance"]["acceptance_length"], verdict["message"],
+              (verdict.get("tolerance") or {}).get("acceptance_length"), verdict["message"],
               "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
-              if not verdict["passed"] else None)
+              if verdict["passed"] is False else None)
     if spec.stream:
         check("streaming equals non-streaming", stream_total > 0 and stream_ok == stream_total, stream_ok, stream_total,
               f"{stream_ok}/{stream_total} streamed speculative outputs equal the non-streamed ones")

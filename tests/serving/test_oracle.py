@@ -103,3 +103,33 @@ def test_files_that_depart_from_the_head_fail_even_when_tau_agrees():
     assert verdict["causes"][0] == "aux_layers" and "found in the engine's files" in verdict["message"]
     clean = oracle.compare(acc(285, [97, 95, 93]), acc(295, [99, 98, 96]), oracle.OracleTolerance(0.2, 0.1), [])
     assert clean["passed"] and clean["caught_by"] == []
+
+
+@pytest.mark.parametrize("engine_pos, reference_pos, status, note", [
+    # Issue 20 item 2: lists of different lengths are an error, never cut by zip.
+    pytest.param([70, 50, 30], [70, 50], "mismatch", None, id="engine-drafted-a-position-the-reference-did-not"),
+    pytest.param([70, 50], [70, 50, 30], "mismatch", None, id="reference-longer"),
+    # vLLM counts num_speculative_tokens positions; a schedule drafting 2 at batch 1 leaves the third at 0.
+    pytest.param([70, 50, 0], [70, 50], "agrees", "drafted nothing at this batch size", id="trailing-undrafted"),
+])
+def test_per_position_lists_must_cover_the_same_positions(engine_pos, reference_pos, status, note):
+    engine = from_counts("x", drafts=100, draft_tokens=300, accepted_tokens=150, accepted_per_position=engine_pos)
+    reference = from_counts("x", drafts=100, draft_tokens=200, accepted_tokens=150, accepted_per_position=reference_pos)
+    verdict = oracle.compare(engine, reference, TOL)
+    assert verdict["status"] == status
+    if status == "mismatch":
+        assert verdict["passed"] is False and "did not decode the same setting" in verdict["message"]
+    else:
+        assert verdict["passed"] and note in verdict["message"] and len(verdict["per_position_delta"]) == 2
+
+
+def test_parameters_and_footprint_come_from_the_config_alone():
+    from specconvert.models.size import parameter_count
+
+    from .test_oracle_setting import LLAMA_8B
+
+    assert parameter_count(LLAMA_8B) == pytest.approx(8.03e9, rel=0.005)  # Llama-3.1-8B: 8,030,261,248
+    assert parameter_count({"hidden_size": 64}) is None
+    fp = oracle.estimate(LLAMA_8B, 0, 2, "bfloat16", "cuda", prompts=8, max_tokens=64, depth=3)
+    assert 15 < fp.need_gib < 17 and fp.tokens == 512 and fp.forwards == 8 * 65
+    assert oracle.estimate(LLAMA_8B, 0, 4, "float32", "cpu", 8, 64, 3).need_gib > 30
