@@ -324,49 +324,73 @@ def _add_info_routes(app: FastAPI, server: _Server) -> None:
                              "queued": engine.queued, "max_model_len": server.context, **engine.description})
 
 
-def _add_generation_routes(app: FastAPI, server: _Server) -> None:
-    engine = server.engine
+async def _read_request(server: _Server, request: Request, model: type[BaseRequest]
+                        ) -> tuple[BaseRequest, bool] | JSONResponse:
+    """The validated body and whether it speculates, or the error response (bad body, unknown model)."""
+    body = await _parse(server, request, model)
+    if not isinstance(body, model):
+        return body
+    speculative = _pick_speculative(server, body)
+    if isinstance(speculative, str):
+        return error(404, speculative, "model_not_found", param="model")
+    return body, speculative
 
+
+def _completion_prompt_ids(server: _Server, body: CompletionRequest) -> tuple[list[int], str] | JSONResponse:
+    """A completion's prompt (text, one-element text list, or ids) as ids, and its text for ``echo``."""
+    engine = server.engine
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            return error(400, "prompt: one prompt per request (batch prompts are not supported)", param="prompt")
+        prompt = prompt[0]
+    try:
+        prompt_ids = engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    except InputError as exc:
+        return error(400, exc.message, param="prompt")
+    if not prompt_ids:
+        return error(400, "prompt: empty", param="prompt")
+    echo_text = (prompt if isinstance(prompt, str) else engine.decode(prompt_ids)) if body.echo else ""
+    return prompt_ids, echo_text
+
+
+def _chat_prompt_ids(server: _Server, body: ChatRequest) -> list[int] | JSONResponse:
+    """Chat messages through the tokenizer's chat template, as ids."""
+    engine = server.engine
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        return engine.encode(engine.render_chat(messages), chat=True)
+    except InputError as exc:
+        return error(400, exc.message, param="messages")
+    except Exception as exc:  # the model's chat template refused these messages (jinja raise_exception)
+        return error(400, f"messages: the chat template refused them: {exc}", param="messages")
+
+
+def _add_generation_routes(app: FastAPI, server: _Server) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _parse(server, request, CompletionRequest)
-        if not isinstance(body, CompletionRequest):
-            return body
-        speculative = _pick_speculative(server, body)
-        if isinstance(speculative, str):
-            return error(404, speculative, "model_not_found", param="model")
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            if len(prompt) != 1:
-                return error(400, "prompt: one prompt per request (batch prompts are not supported)", param="prompt")
-            prompt = prompt[0]
-        try:
-            prompt_ids = engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        except InputError as exc:
-            return error(400, exc.message, param="prompt")
-        if not prompt_ids:
-            return error(400, "prompt: empty", param="prompt")
+        read = await _read_request(server, request, CompletionRequest)
+        if isinstance(read, JSONResponse):
+            return read
+        body, speculative = read
+        prompt = _completion_prompt_ids(server, body)
+        if isinstance(prompt, JSONResponse):
+            return prompt
+        prompt_ids, echo_text = prompt
         bad = _check_ids(server, prompt_ids)
         if bad is not None:
             return bad
-        echo_text = (prompt if isinstance(prompt, str) else engine.decode(prompt_ids)) if body.echo else ""
         return await _generate(server, request, body, prompt_ids, speculative, chat=False, echo_text=echo_text)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _parse(server, request, ChatRequest)
-        if not isinstance(body, ChatRequest):
-            return body
-        speculative = _pick_speculative(server, body)
-        if isinstance(speculative, str):
-            return error(404, speculative, "model_not_found", param="model")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            prompt_ids = engine.encode(engine.render_chat(messages), chat=True)
-        except InputError as exc:
-            return error(400, exc.message, param="messages")
-        except Exception as exc:  # the model's chat template refused these messages (jinja raise_exception)
-            return error(400, f"messages: the chat template refused them: {exc}", param="messages")
+        read = await _read_request(server, request, ChatRequest)
+        if isinstance(read, JSONResponse):
+            return read
+        body, speculative = read
+        prompt_ids = _chat_prompt_ids(server, body)
+        if isinstance(prompt_ids, JSONResponse):
+            return prompt_ids
         bad = _check_ids(server, prompt_ids)
         if bad is not None:
             return bad
