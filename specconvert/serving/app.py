@@ -354,47 +354,42 @@ def _completion_prompt_ids(server: _Server, body: CompletionRequest) -> tuple[li
     return prompt_ids, echo_text
 
 
-def _chat_prompt_ids(server: _Server, body: ChatRequest) -> list[int] | JSONResponse:
-    """Chat messages through the tokenizer's chat template, as ids."""
+def _chat_prompt_ids(server: _Server, body: ChatRequest) -> tuple[list[int], str] | JSONResponse:
+    """Chat messages through the tokenizer's chat template, as ids (and no ``echo`` text)."""
     engine = server.engine
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
-        return engine.encode(engine.render_chat(messages), chat=True)
+        return engine.encode(engine.render_chat(messages), chat=True), ""
     except InputError as exc:
         return error(400, exc.message, param="messages")
     except Exception as exc:  # the model's chat template refused these messages (jinja raise_exception)
         return error(400, f"messages: the chat template refused them: {exc}", param="messages")
 
 
+async def _answer(server: _Server, request: Request, chat: bool):
+    """One generation request, step by step: read it, encode its prompt, check the ids, generate."""
+    read = await _read_request(server, request, ChatRequest if chat else CompletionRequest)
+    if isinstance(read, JSONResponse):
+        return read
+    body, speculative = read
+    prompt = _chat_prompt_ids(server, body) if chat else _completion_prompt_ids(server, body)
+    if isinstance(prompt, JSONResponse):
+        return prompt
+    prompt_ids, echo_text = prompt
+    bad = _check_ids(server, prompt_ids)
+    if bad is not None:
+        return bad
+    return await _generate(server, request, body, prompt_ids, speculative, chat=chat, echo_text=echo_text)
+
+
 def _add_generation_routes(app: FastAPI, server: _Server) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
-        read = await _read_request(server, request, CompletionRequest)
-        if isinstance(read, JSONResponse):
-            return read
-        body, speculative = read
-        prompt = _completion_prompt_ids(server, body)
-        if isinstance(prompt, JSONResponse):
-            return prompt
-        prompt_ids, echo_text = prompt
-        bad = _check_ids(server, prompt_ids)
-        if bad is not None:
-            return bad
-        return await _generate(server, request, body, prompt_ids, speculative, chat=False, echo_text=echo_text)
+        return await _answer(server, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        read = await _read_request(server, request, ChatRequest)
-        if isinstance(read, JSONResponse):
-            return read
-        body, speculative = read
-        prompt_ids = _chat_prompt_ids(server, body)
-        if isinstance(prompt_ids, JSONResponse):
-            return prompt_ids
-        bad = _check_ids(server, prompt_ids)
-        if bad is not None:
-            return bad
-        return await _generate(server, request, body, prompt_ids, speculative, chat=True)
+        return await _answer(server, request, chat=True)
 
 
 def serve(app: Any, host: str, port: int, log_level: str = "warning") -> None:
