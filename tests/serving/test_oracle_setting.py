@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from .test_serve_test_reference import endpoint, engine  # noqa: F401 - fixtures (a served tiny bundle)
+
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
             "torch_dtype": "bfloat16"}
@@ -83,3 +85,11 @@ def test_the_token_budget_limits_the_prompts_and_the_engine_side_alike(project, 
     oracle = serve_test_on_vllm(project, cli, fake_vllm, "--set", "serve_test.oracle.max_tokens=15").json()["oracle"]
     assert oracle["prompts_used"] == ["chat-a"] and [r["id"] for r in oracle["prompts"]] == ["chat-a"]
     assert oracle["engine"]["requests"] == 1 and oracle["footprint"]["tokens"] == 10
+
+
+def test_the_oracle_turned_on_without_an_engine_to_check_is_skipped_with_the_reason(project, cli, endpoint):
+    """`oracle.enabled: on` with --url: no bundle to decode with. It crashed on the missing counters before."""
+    result = cli("serve-test", project.recipe_path, "--url", endpoint, "--set", "serve_test.oracle.enabled=on", "--json")
+    oracle = result.json()["oracle"]
+    assert oracle["status"] == "skipped" and "--url" in oracle["reason"]
+    assert result.code == 0, result.stderr[-2000:]
