@@ -488,7 +488,7 @@ class OracleSpec(_Strict):
     device: Literal["cpu", "cuda", "auto"] = Field(
         "auto",
         description="Where the reference decoder runs, after the engine's servers have stopped, in the dtype the "
-        "engine serves (`runtime.vllm_dtype`; `auto` = the target's). `auto` = `runtime.device` (its `auto`: the GPU "
+        "engine serves (`runtime.vllm_dtype`; for its `auto`, the target's, float32 read as bfloat16 as vLLM does). `auto` = `runtime.device` (its `auto`: the GPU "
         "when one is visible). Before loading, serve-test estimates memory (parameters from config.json x dtype "
         "bytes, KV cache, overhead) and time; when it does not fit in free RAM or GPU memory, the oracle is skipped "
         "with the reason.",

@@ -577,9 +577,52 @@ def run_oracle(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str |
     return verdict
 
 
-def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str | None) -> dict[str, Any]:
-    from ..backends.vllm import memory, overlay
+def _engine_dtype(recipe: Any, target_config: dict[str, Any]) -> str:
+    """The dtype vLLM served the target in: ``runtime.vllm_dtype``; for ``auto`` the config's, except that vLLM
+    0.32 downcasts a float32 model to its platform's first supported dtype, bfloat16 (``config/model.py``
+    ``_resolve_auto_dtype``, ``platforms/interface.py`` ``supported_dtypes``)."""
+    dtype = recipe.runtime.vllm_dtype
+    if dtype == "auto":
+        dtype = str(target_config.get("torch_dtype") or target_config.get("dtype") or "float32")
+        dtype = "bfloat16" if dtype == "float32" else dtype
+    return dtype
+
+
+def _oracle_fits(recipe: Any, settings: dict[str, Any], decoding: Any, chosen: list[Prompt], device: str
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The oracle's run facts (device, dtype, estimate) and, when it would not fit in free memory, why not."""
+    from ..backends.vllm import memory
     from ..models.size import dtype_bytes, read_config
+    from ..serving import oracle
+
+    spec = recipe.serve_test
+    target_config = read_config(settings["target_dir"])
+    dtype = _engine_dtype(recipe, target_config)
+    draft_bytes = int(memory.weights_gib([settings["draft_dir"]]) * memory.GIB
+                      * dtype_bytes(dtype) / dtype_bytes(None, read_config(settings["draft_dir"])))
+    footprint = oracle.estimate(target_config, draft_bytes, dtype_bytes(dtype), dtype, device, len(chosen),
+                                spec.max_tokens, decoding.depth)
+    facts = {"decoding": decoding.as_dict(), "device": device, "dtype": dtype, "prompts_used": [p.id for p in chosen],
+             "footprint": footprint.as_dict() if footprint else None}
+    if footprint is None:
+        return facts, None
+    free = _free_gib(device)
+    output.log(f"serve-test: oracle: {len(chosen)} prompt(s) x {spec.max_tokens} tokens on {device} in {dtype}: "
+               f"about {footprint.need_gib:.1f} GiB ({footprint.target_parameters / 1e9:.2f} B target parameters), "
+               f"{'unknown' if free is None else f'{free:.1f} GiB'} free; at most ~{footprint.seconds:.0f} s")
+    if free is None or footprint.need_gib <= free:
+        return facts, None
+    facts["free_gib"] = round(free, 2)
+    where = ("a GPU with that much free memory (serve_test.oracle.device: cuda)" if device == "cpu" else
+             "a larger GPU, or serve_test.oracle.device: cpu on a machine with that much free RAM")
+    return facts, (f"the reference decoder would need about {footprint.need_gib:.1f} GiB on {device} "
+                   f"({footprint.target_parameters / 1e9:.2f} B target parameters in {dtype}, the head, KV cache and "
+                   f"overhead) and {free:.1f} GiB is free, so nothing was loaded. It runs on {where}; "
+                   "serve_test.oracle.enabled: off leaves it out")
+
+
+def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str | None) -> dict[str, Any]:
+    from ..backends.vllm import overlay
     from ..serving import oracle
     from ..serving.acceptance import combine, unavailable
     from ..serving.engine import reference_settings
@@ -596,46 +639,25 @@ def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: 
     if decoding.draft_len == 0:
         return oracle.skipped("the engine drafts nothing at batch 1 (tune's schedule), so there is no acceptance "
                               "to compare", decoding=decoding.as_dict())
-    chosen = _oracle_prompts(prompts, spec)
-    ids = {p.id for p in chosen}
-    counted = [c["acceptance"] for c in serve.counted if not c["stream"] and c["prompt_id"] in ids]
-    engine = combine(counted) or unavailable("vllm counters", "no speculative request was counted")
-    engine_dir = recipe.workdir_path / "engine"
-    manifest, settings = reference_settings(engine_dir)
     device, device_why = _oracle_device(recipe)
     if device is None:
         return oracle.skipped(f"{device_why}; nothing was loaded. Set serve_test.oracle.device: cpu to decode on "
                               "the CPU", decoding=decoding.as_dict())
-    target_config = read_config(settings["target_dir"])
-    dtype = recipe.runtime.vllm_dtype  # the dtype the engine served
-    if dtype == "auto":
-        dtype = str(target_config.get("torch_dtype") or target_config.get("dtype") or "float32")
-    draft_config = read_config(settings["draft_dir"])
-    draft_bytes = int(memory.weights_gib([settings["draft_dir"]]) * memory.GIB
-                      * dtype_bytes(dtype) / dtype_bytes(None, draft_config))
-    footprint = oracle.estimate(target_config, draft_bytes, dtype_bytes(dtype), dtype, device, len(chosen),
-                                spec.max_tokens, decoding.depth)
-    facts = {"decoding": decoding.as_dict(), "device": device, "device_reason": device_why, "dtype": dtype,
-             "prompts_used": [p.id for p in chosen],
-             "footprint": footprint.as_dict() if footprint else None}
-    if footprint is not None:
-        free = _free_gib(device)
-        output.log(f"serve-test: oracle: {len(chosen)} prompt(s) x {spec.max_tokens} tokens on {device} in {dtype}: "
-                   f"about {footprint.need_gib:.1f} GiB ({footprint.target_parameters / 1e9:.2f} B target parameters), "
-                   f"{'unknown' if free is None else f'{free:.1f} GiB'} free; at most ~{footprint.seconds:.0f} s")
-        if free is not None and footprint.need_gib > free:
-            where = ("a GPU with that much free memory (serve_test.oracle.device: cuda)" if device == "cpu" else
-                     "a larger GPU, or serve_test.oracle.device: cpu on a machine with that much free RAM")
-            return oracle.skipped(
-                f"the reference decoder would need about {footprint.need_gib:.1f} GiB on {device} "
-                f"({footprint.target_parameters / 1e9:.2f} B target parameters in {dtype}, the head, KV cache and "
-                f"overhead) and {free:.1f} GiB is free, so nothing was loaded. It runs on {where}; "
-                "serve_test.oracle.enabled: off leaves it out", enable="serve_test.oracle.device", free_gib=round(free, 2),
-                **facts)
+    engine_dir = recipe.workdir_path / "engine"
+    manifest, settings = reference_settings(engine_dir)
+    chosen = _oracle_prompts(prompts, spec)
+    facts, too_big = _oracle_fits(recipe, settings, decoding, chosen, device)
+    facts["device_reason"] = device_why
+    if too_big:
+        return oracle.skipped(too_big, enable="serve_test.oracle.device", **facts)
+    ids = {p.id for p in chosen}
+    counted = [c["acceptance"] for c in serve.counted if not c["stream"] and c["prompt_id"] in ids]
+    engine = combine(counted) or unavailable("vllm counters", "no speculative request was counted")
     artifacts = manifest.get("artifacts") or {}
     found = overlay.findings(Path(artifacts["vllm_draft"]), Path(artifacts["draft_dir"]),
                              (manifest.get("decisions") or {}).get("vllm_aux_layer_ids"))
-    verdict = oracle.check(engine_dir, chosen, spec.max_tokens, spec.oracle, engine, decoding, device, dtype, found)
+    verdict = oracle.check(engine_dir, chosen, spec.max_tokens, spec.oracle, engine, decoding, device, facts["dtype"],
+                           found)
     verdict.update(facts)
     return verdict
 

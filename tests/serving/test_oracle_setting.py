@@ -93,3 +93,18 @@ def test_the_oracle_turned_on_without_an_engine_to_check_is_skipped_with_the_rea
     oracle = result.json()["oracle"]
     assert oracle["status"] == "skipped" and "--url" in oracle["reason"]
     assert result.code == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("vllm_dtype, config_dtype, expected", [
+    ("float32", "bfloat16", "float32"),  # the recipe's choice is what vLLM served
+    ("auto", "bfloat16", "bfloat16"),
+    ("auto", "float32", "bfloat16"),  # vLLM 0.32 downcasts float32 models under auto
+    ("auto", None, "bfloat16"),
+])
+def test_the_oracle_computes_in_the_dtype_vllm_served(vllm_dtype, config_dtype, expected):
+    from types import SimpleNamespace
+
+    from specconvert.stages.serve_test import _engine_dtype
+
+    recipe = SimpleNamespace(runtime=SimpleNamespace(vllm_dtype=vllm_dtype))
+    assert _engine_dtype(recipe, {"torch_dtype": config_dtype} if config_dtype else {}) == expected
