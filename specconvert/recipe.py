@@ -488,7 +488,23 @@ class OracleSpec(_Strict):
     per_position_tolerance: float = Field(
         0.1, gt=0, description="Largest |rate_engine[i] - rate_reference[i]| per draft position."
     )
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where the reference decoder runs.")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "auto",
+        description="Where the reference decoder runs, after the engine's servers have stopped, in the dtype the "
+        "engine serves (`runtime.vllm_dtype`; for its `auto`, the target's, float32 read as bfloat16 as vLLM does). `auto` = `runtime.device` (its `auto`: the GPU "
+        "when one is visible). Before loading, serve-test estimates memory (parameters from config.json x dtype "
+        "bytes, KV cache, overhead) and time; when it does not fit in free RAM or GPU memory, the oracle is skipped "
+        "with the reason.",
+    )
+    prompts: int | None = Field(
+        None, ge=1, description="Decode at most this many of `serve_test.prompts` (the first ones); null = all."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1,
+        description="Token budget: the oracle decodes whole prompts (`serve_test.max_tokens` each, as the engine did) "
+        "while their total stays within this, at least one; the engine's counters are compared over the same "
+        "prompts. null = no budget.",
+    )
 
     @field_validator("enabled", mode="before")
     @classmethod

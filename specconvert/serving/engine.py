@@ -184,10 +184,11 @@ class ReferenceEngine:
             return ""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def token_text(self, token_id: int) -> str:
-        """One token as text for logprobs (special tokens kept; vLLM's ``token_id:N`` without a tokenizer)."""
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
+    def token_text(self, token_id: int, as_token_id: bool = False) -> str:
+        """One token as logprobs spell it: its text (special tokens kept), or vLLM's ``token_id:N`` when
+        ``as_token_id`` (the request's ``return_tokens_as_token_ids``) or when there is no tokenizer."""
+        if as_token_id or self.tokenizer is None:
+            return token_id_spelling(token_id)
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
     # ------------------------------------------------------------------ generation
@@ -336,6 +337,11 @@ class ReferenceEngine:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
+def token_id_spelling(token_id: int) -> str:
+    """vLLM's spelling of a token by id (vllm 0.32 ``format_token_id_placeholder``): ``token_id:N``."""
+    return f"token_id:{int(token_id)}"
+
+
 def _first_stop(text: str, stops: list[str]) -> int | None:
     hits = [text.find(s) for s in stops]
     hits = [h for h in hits if h >= 0]
@@ -364,22 +370,24 @@ def reference_settings(engine_dir: Path) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def load_engine(engine_dir: Path, model_name: str, device: str = "auto", drafter: str = "eagle",
-                draft_len: int | None = None) -> ReferenceEngine:
+                draft_len: int | None = None, dtype: str | None = None) -> ReferenceEngine:
     """Load the reference decoder named by a bundle's ``reference/settings.json``.
 
     ``draft_len``: serve a fixed chain of that many drafted tokens instead of the bundle's setting
-    (bench's ``fixed-kN`` arms next to a tuned bundle)."""
+    (bench's ``fixed-kN`` arms next to a tuned bundle). ``dtype``: compute in this dtype instead of the
+    bundle's (the oracle computes in the dtype the engine it checks serves)."""
     from ..reference import ReferenceDecoder
     from ..reference.decoder import resolve_device
 
     _, settings = reference_settings(engine_dir)
     requested = settings.get("device") or "auto" if device == "auto" else device
     dev = str(resolve_device(requested))
+    dtype = dtype or settings.get("dtype")
     decoder = ReferenceDecoder.from_dirs(
         settings["target_dir"], settings["draft_dir"], settings["aux_layer_ids"],
-        device=dev, dtype=settings.get("dtype") or "auto", drafter=drafter,
+        device=dev, dtype=dtype or "auto", drafter=drafter,
     )
-    description = {"device": dev, "dtype": settings.get("dtype"), "drafter": drafter,
+    description = {"device": dev, "dtype": dtype, "drafter": drafter,
                    "max_draft_len": settings.get("max_draft_len"), "tree": settings.get("tree"),
                    "target_dir": settings["target_dir"], "draft_dir": settings["draft_dir"]}
     speculate = settings.get("speculative", True) is not False

@@ -14,6 +14,8 @@ speculative path they come from the verify forward. Shapes:
   top_logprobs: [{token: logprob, ...}], text_offset}``, N most likely per position;
 - chat (``logprobs: true``, ``top_logprobs: N``): ``choices[].logprobs.content =
   [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]``.
+
+A token is its text, or ``token_id:N`` when the request sets vLLM's ``return_tokens_as_token_ids``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class BaseRequest(BaseModel):
     n: int = 1
     speculative: bool | None = None  # extension: false = the plain target
     ignore_eos: bool = False
+    # vLLM's extension, same name and spelling (vllm 0.32 entrypoints/openai/chat_completion/protocol.py and
+    # completion/protocol.py; format_token_id_placeholder in entrypoints/generate/base/serving.py): logprob
+    # tokens as "token_id:N", so a client finds a token by id (serve-test's tie rule does) instead of by text.
+    return_tokens_as_token_ids: bool | None = None
 
     def refused(self) -> tuple[str, str] | None:
         """(parameter, reason) of the first parameter set to something the server would silently ignore."""

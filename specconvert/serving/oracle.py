@@ -60,10 +60,15 @@ def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance,
                    causes=[])
         return out
     delta = engine.acceptance_length - reference.acceptance_length
+    engine_pos, note, mismatch = aligned_positions(engine.per_position, reference.per_position)
+    if mismatch:
+        out.update(passed=False, status="mismatch", delta=round(delta, 4), per_position_delta=None, causes=[],
+                   message=mismatch)
+        return out
     pos_delta = None
-    if engine.per_position is not None and reference.per_position is not None:
+    if engine_pos is not None and reference.per_position is not None:
         pos_delta = [None if (e is None or r is None) else round(e - r, 4)
-                     for e, r in zip(engine.per_position, reference.per_position)]
+                     for e, r in zip(engine_pos, reference.per_position, strict=True)]
     worst_pos = max((abs(d) for d in pos_delta or [] if d is not None), default=0.0)
     agrees = abs(delta) <= tol.acceptance_length and worst_pos <= tol.per_position
     found = list(found or [])
@@ -85,9 +90,35 @@ def compare(engine: Acceptance, reference: Acceptance, tol: OracleTolerance,
             " found in the engine's files: " + "; ".join(f["detail"] for f in found)
     if not passed:
         message += ". Likely causes, most likely first: " + "; ".join(CAUSES[c] for c in causes)
+    if note:
+        message += f" ({note})"
     out.update(found=found, passed=passed, status="agrees" if passed else "disagrees", delta=round(delta, 4),
                per_position_delta=pos_delta, message=message, causes=causes, caught_by=caught_by)
     return out
+
+
+def aligned_positions(engine: Sequence[float | None] | None, reference: Sequence[float | None] | None
+                      ) -> tuple[list[float | None] | None, str | None, str | None]:
+    """The engine's per-position rates over the reference's positions: ``(rates, note, mismatch)``.
+
+    vLLM keeps one counter per position up to ``num_speculative_tokens`` (vllm 0.32
+    ``v1/spec_decode/metrics.py``, ``SpecDecodingProm``); under a per-batch schedule it drafts fewer
+    at batch 1, and the positions past that count nothing. Those are dropped, with a note. Any other
+    difference in length means the two did not decode the same setting: ``mismatch`` says so, and
+    nothing is compared (never cut by ``zip``).
+    """
+    if engine is None or reference is None:
+        return (list(engine) if engine is not None else None), None, None
+    engine, note = list(engine), None
+    if len(engine) > len(reference) and all(not x for x in engine[len(reference):]):
+        note = (f"the engine's positions {len(reference)}-{len(engine) - 1} drafted nothing at this batch size; "
+                f"compared over the {len(reference)} it drafted")
+        engine = engine[:len(reference)]
+    if len(engine) != len(reference):
+        return None, None, (f"the engine reports acceptance at {len(engine)} draft positions and the reference decoded "
+                            f"{len(reference)}: they did not decode the same setting, so nothing is compared "
+                            "(a bug in how serve-test reads the engine's draft length; please report it)")
+    return engine, note, None
 
 
 def likely_causes(engine: Acceptance, reference: Acceptance) -> list[str]:
@@ -110,7 +141,19 @@ def likely_causes(engine: Acceptance, reference: Acceptance) -> list[str]:
 
 # ---------------------------------------------------------------------- lossless diagnosis
 
-_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")  # vLLM's return_tokens_as_token_ids spelling; the reference server's too
+
+
+def token_id_of(token: str) -> int | None:
+    """The id in a ``token_id:N`` spelling, else None (a token spelled as text)."""
+    match = _TOKEN_ID.match(token)
+    return int(match[1]) if match else None
+
+
+def _is(token: str, wanted: int | str) -> bool:
+    if isinstance(wanted, int):
+        return token_id_of(token) == wanted
+    return token == wanted
 
 
 def top_logprobs_at(logprobs: Any, index: int) -> list[tuple[str, float]] | None:
@@ -140,32 +183,38 @@ def top_logprobs_at(logprobs: Any, index: int) -> list[tuple[str, float]] | None
 def divergence_margin(tops: Sequence[tuple[str, float]], speculative_token: int | str | None = None) -> dict[str, Any]:
     """How far the baseline's choice was ahead where the outputs split (nats, >= 0).
 
-    When the speculative token is found among the top logprobs (by ``token_id:N`` spelling or by
-    text), the margin is baseline best minus that token; otherwise it is at least the gap to the
-    last listed token, and it is labelled a lower bound.
+    The speculative token is found among the top logprobs by id (an int against the ``token_id:N``
+    spelling both vLLM and the reference server use on request) or by text (a str). Found: the
+    margin is exact. Not listed: the margin is at least the gap to the last listed token (a lower
+    bound). Only one token listed: nothing is known about the speculative token (margin None).
     """
     best_token, best = tops[0]
-    for token, lp in tops[1:]:
-        match = _TOKEN_ID.match(token)
-        if speculative_token is not None and (
-                (match and isinstance(speculative_token, int) and int(match[1]) == speculative_token)
-                or (isinstance(speculative_token, str) and token == speculative_token)):
-            return {"margin": round(best - lp, 6), "baseline_token": best_token, "speculative_token": token,
-                    "exact": True}
-    if speculative_token is None and len(tops) > 1:
+    if speculative_token is not None:
+        if _is(best_token, speculative_token):  # the probe's own best is the speculative token: the baseline flipped
+            return {"margin": 0.0, "baseline_token": best_token, "speculative_token": best_token, "exact": True,
+                    "note": "the baseline's best token here, asked again, is the speculative one"}
+        for token, lp in tops[1:]:
+            if _is(token, speculative_token):
+                return {"margin": round(best - lp, 6), "baseline_token": best_token, "speculative_token": token,
+                        "exact": True}
+    elif len(tops) > 1:
         return {"margin": round(best - tops[1][1], 6), "baseline_token": best_token, "speculative_token": tops[1][0],
                 "exact": False, "note": "speculative token not identified: gap to the runner-up"}
-    return {"margin": round(best - tops[-1][1], 6) if len(tops) > 1 else None, "baseline_token": best_token,
-            "speculative_token": None, "exact": False,
+    if len(tops) == 1:
+        return {"margin": None, "baseline_token": best_token, "speculative_token": None, "exact": False,
+                "note": "the baseline listed only its best token, so the speculative token's logprob is unknown"}
+    return {"margin": round(best - tops[-1][1], 6), "baseline_token": best_token, "speculative_token": None,
+            "exact": False, "lower_bound": True,
             "note": "the speculative token is not among the baseline's top logprobs: the margin is a lower bound"}
 
 
 def classify_divergence(margin: dict[str, Any] | None, tie_margin: float) -> str:
-    """``tie`` (margin below ``tie_margin`` nats), ``divergence``, or ``unknown`` (no logprobs)."""
+    """``tie`` (the baseline's lead is below ``tie_margin`` nats), ``divergence`` (at or above it), or ``unknown``
+    (no logprobs, a single listed token, or a lower bound below ``tie_margin``: nothing decides it)."""
     if not margin or margin.get("margin") is None:
-        return "unknown" if not margin else "divergence"
-    if margin.get("speculative_token") is None:  # not in the top list: far behind the best
-        return "divergence"
+        return "unknown"
+    if margin.get("lower_bound"):
+        return "divergence" if margin["margin"] >= tie_margin else "unknown"
     return "tie" if margin["margin"] < tie_margin else "divergence"
 
 
@@ -180,48 +229,135 @@ def diagnose(logprobs: Any, index: int, speculative_token: int | str | None, tie
             "top_logprobs": [[t, round(lp, 6)] for t, lp in tops], **margin}
 
 
+# ---------------------------------------------------------------------- what the oracle decodes, and its cost
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The draft setting the served engine runs, which the oracle decodes too: a chain of ``draft_len``
+    tokens, or the dynamic ``tree`` (reference server only: vLLM has chains only)."""
+
+    draft_len: int
+    tree: dict[str, int] | None = None
+    source: str = ""
+
+    @property
+    def depth(self) -> int:
+        return int(self.tree["depth"]) if self.tree else self.draft_len
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"draft_len": self.draft_len, "tree": self.tree, "source": self.source}
+
+
+# Throughput assumed for the time estimate (a decode step reads every weight once):
+# CPU 6 GB/s is what SmolLM2-135M fp32 gave on the 2-core development machine (87 ms per
+# cached forward, DESIGN section 5); a GPU streams ~1 TB/s but an eager transformers forward
+# costs ~20 ms of launches whatever the size. Both are assumptions, printed as such.
+BYTES_PER_S = {"cpu": 6e9, "cuda": 1e12}
+FLOOR_S = {"cpu": 0.0, "cuda": 0.02}
+OVERHEAD_GIB = {"cpu": 1.5, "cuda": 1.0}  # torch + transformers in the process; CUDA context and activations
+PROMPT_ALLOWANCE = 1024  # prompt tokens assumed per request for the KV cache (not tokenized yet)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The oracle's estimated memory and time, from configs alone (before anything is loaded)."""
+
+    device: str
+    dtype: str
+    target_parameters: int
+    weights_gib: float
+    kv_cache_gib: float
+    need_gib: float
+    tokens: int
+    forwards: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "dtype": self.dtype, "target_parameters": self.target_parameters,
+                "weights_gib": round(self.weights_gib, 2), "kv_cache_gib": round(self.kv_cache_gib, 3),
+                "need_gib": round(self.need_gib, 2), "tokens": self.tokens, "target_forwards_at_most": self.forwards,
+                "estimated_s": round(self.seconds, 1),
+                "assumptions": f"{BYTES_PER_S[self.device] / 1e9:g} GB/s of weights read per forward, "
+                               f"{FLOOR_S[self.device] * 1000:g} ms at least, tau 1 (every token a target forward), "
+                               f"{OVERHEAD_GIB[self.device]:g} GiB process overhead, {PROMPT_ALLOWANCE} prompt tokens"}
+
+
+def estimate(target_config: dict[str, Any], draft_weight_bytes: int, dtype_size: int, dtype: str, device: str,
+             prompts: int, max_tokens: int, depth: int) -> Footprint | None:
+    """Memory and time of decoding ``prompts`` x ``max_tokens`` greedily on ``device`` (``cpu``/``cuda``) in
+    ``dtype`` (``dtype_size`` bytes); None when the config lacks the sizes to count parameters."""
+    from ..models.size import GIB, parameter_count
+
+    params = parameter_count(target_config)
+    if params is None:
+        return None
+    c = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else target_config
+    heads = int(c.get("num_attention_heads") or 1)
+    head_dim = int(c.get("head_dim") or int(c.get("hidden_size", 0)) // heads)
+    kv_per_token = 2 * int(c.get("num_hidden_layers", 0)) * int(c.get("num_key_value_heads") or heads) * head_dim
+    weights = params * dtype_size + draft_weight_bytes
+    kv = kv_per_token * (PROMPT_ALLOWANCE + max_tokens + depth + 1) * dtype_size
+    need = (weights + kv) / GIB + OVERHEAD_GIB[device]
+    forwards = prompts * (max_tokens + 1)
+    per_forward = max(weights / BYTES_PER_S[device], FLOOR_S[device])
+    return Footprint(device, dtype, params, weights / GIB, kv / GIB, need, prompts * max_tokens, forwards,
+                     forwards * per_forward)
+
+
+def skipped(reason: str, **extra: Any) -> dict[str, Any]:
+    """An oracle verdict that neither passes nor fails the run: it did not run, and ``reason`` says why."""
+    return {"passed": None, "status": "skipped", "message": f"skipped: {reason}", "reason": reason, "causes": [],
+            "delta": None, **extra}
+
+
 # ---------------------------------------------------------------------- running the reference
 
 
 def check(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, spec: Any, engine: Acceptance,
-          found: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """Run the reference decoder (``spec``: the recipe's ``serve_test.oracle``) and compare ``engine`` with it."""
+          decoding: Decoding, device: str, dtype: str, found: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """Run the reference decoder (``spec``: the recipe's ``serve_test.oracle``) as the engine decodes
+    (``decoding``) on ``device`` in ``dtype``, and compare ``engine`` with it."""
     import time
 
     started = time.monotonic()
-    reference, rows = reference_acceptance(engine_dir, prompts, max_tokens, device=spec.device)
+    reference, rows = reference_acceptance(engine_dir, prompts, max_tokens, decoding, device, dtype)
     verdict = compare(engine, reference, OracleTolerance(spec.tolerance, spec.per_position_tolerance), found)
     verdict.update(prompts=rows, duration_s=round(time.monotonic() - started, 2))
     return verdict
 
 
-def reference_acceptance(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, device: str = "cpu"
-                         ) -> tuple[Acceptance, list[dict[str, Any]]]:
+def reference_acceptance(engine_dir: Path, prompts: Sequence[Any], max_tokens: int, decoding: Decoding,
+                         device: str = "cpu", dtype: str = "auto") -> tuple[Acceptance, list[dict[str, Any]]]:
     """Greedy reference decoding of ``prompts`` (``stages.serve_test.Prompt``) with the bundle's head and the
-    target's chat template; the overall acceptance and one row per prompt."""
+    target's chat template, in the engine's draft setting; the overall acceptance and one row per prompt."""
+    from .. import output
     from ..reference import DecodeSettings
     from .engine import load_engine
 
-    engine = load_engine(engine_dir, "oracle", device=device)
+    engine = load_engine(engine_dir, "oracle", device=device, dtype=dtype)
     try:
-        settings = DecodeSettings(max_draft_len=engine.max_draft_len, tree=engine.tree, temperature=0.0,
+        settings = DecodeSettings(max_draft_len=decoding.draft_len, tree=decoding.tree, temperature=0.0,
                                   stop_token_ids=tuple(engine.decoder.eos_token_ids))
         rows, drafts, accepted = [], 0, 0
-        depth = engine.max_draft_len if not engine.tree else int(engine.tree["depth"])
+        depth = decoding.depth
         per_pos = [0] * depth
-        for prompt in prompts:
-            ids = (engine.encode(engine.render_chat(prompt.messages), chat=True) if prompt.messages is not None
-                   else engine.encode(prompt.prompt))
-            result = engine.decoder.generate(ids, max_tokens, settings)
-            steps = [r for r in result.step_records if r.kind == "spec"]
-            drafts += len(steps)
-            accepted += sum(r.accepted for r in steps)
-            for r in steps:
-                for i in range(min(r.accepted, depth)):
-                    per_pos[i] += 1
-            rows.append({"id": prompt.id, "token_ids": result.token_ids, "steps": len(steps),
-                         "acceptance_length": round(result.acceptance_length, 4),
-                         "per_position_acceptance": [round(x, 4) for x in result.per_position_acceptance]})
+        with output.progress() as bar:
+            task = bar.add_task("oracle: reference decoding", total=len(prompts))
+            for prompt in prompts:
+                ids = (engine.encode(engine.render_chat(prompt.messages), chat=True) if prompt.messages is not None
+                       else engine.encode(prompt.prompt))
+                result = engine.decoder.generate(ids, max_tokens, settings)
+                steps = [r for r in result.step_records if r.kind == "spec"]
+                drafts += len(steps)
+                accepted += sum(r.accepted for r in steps)
+                for r in steps:
+                    for i in range(min(r.accepted, depth)):
+                        per_pos[i] += 1
+                rows.append({"id": prompt.id, "token_ids": result.token_ids, "steps": len(steps),
+                             "acceptance_length": round(result.acceptance_length, 4),
+                             "per_position_acceptance": [round(x, 4) for x in result.per_position_acceptance]})
+                bar.advance(task)
     finally:
         engine.close()
     return from_counts(REFERENCE_SOURCE, drafts=drafts, draft_tokens=drafts * depth, accepted_tokens=accepted,

@@ -78,102 +78,158 @@ def _latency(values: list[float]) -> dict[str, Any] | None:
             "max_s": round(ordered[-1], 4), "n": len(values)}
 
 
+@dataclass
+class _Tally:
+    """What the per-prompt comparison counts for the checks and the summary."""
+
+    matches: int = 0
+    ties: int = 0
+    stream_ok: int = 0
+    stream_total: int = 0
+
+
+class _Checks:
+    """The run's checks, in order, each also a JUnit case."""
+
+    def __init__(self, suite: junit.Suite):
+        self.suite = suite
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, name: str, passed: bool | None, value: Any, threshold: Any, message: str, fix: str | None = None,
+            error: bool = False) -> None:
+        """``passed=None``: skipped, nothing to judge (it neither passes nor fails the run)."""
+        self.items.append({"name": name, "passed": passed, "value": value, "threshold": threshold, "message": message,
+                           **({"skipped": True} if passed is None else {}), **({"fix": fix} if fix else {})})
+        status = "skipped" if passed is None else "passed" if passed else ("error" if error else "failed")
+        self.suite.add(junit.Case(name, "serve-test.checks", 0.0, status, message,
+                                  message + (f"\nFix: {fix}" if fix else "")))
+
+
 def evaluate(run: Any) -> dict[str, Any]:
     """Per-prompt comparison, the checks, the summary (report.json body) and the JUnit suites of a finished run
     (``run``: a ``stages.serve_test.ServeRun``: spec, prompts, results, servers, metrics_available)."""
     spec = run.spec
-    rows, suites = [], [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
-    checks_suite, prompts_suite = suites
-    matches = stream_ok = stream_total = ties = 0
-    lossless_on = spec.lossless.mode != "off"
-    stats = []
+    suites = [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
+    checks = _Checks(suites[0])
+    tally, rows, stats = _Tally(), [], []
     for prompt in run.prompts:
-        s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-        b = (run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
-             if lossless_on else Outcome())  # lossless off: no baseline was asked, nothing missing
-        st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
-        errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
-                  if o is not None and o.error]
-        row: dict[str, Any] = {"id": prompt.id, "errors": errors, "exact_match": False, "first_divergence": None,
-                               "stream_matches": None, "acceptance_length": None, "per_position_acceptance": None,
-                               "latency_s": {}, "ttft_s": {}, "completion_tokens": {}}
-        for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative_stream", st)):
-            if o is not None and o.completion:
-                row["latency_s"][name] = round(o.completion.latency_s, 4)
-                row["ttft_s"][name] = None if o.completion.ttft_s is None else round(o.completion.ttft_s, 4)
-                row["completion_tokens"][name] = (len(o.completion.token_ids) if o.completion.token_ids is not None
-                                                  else o.completion.completion_tokens)
-        if s.completion and b.completion:
-            div = first_divergence(s.completion, b.completion)
-            row["exact_match"] = div is None
-            row["first_divergence"] = div
-            if div is not None and b.diagnosis:
-                div["diagnosis"] = b.diagnosis
-            tie = div is not None and (b.diagnosis or {}).get("class") == "tie"
-            row["numerical_tie"] = tie
-            ties += tie
-            matches += div is None or (tie and spec.lossless.mode != "strict")
-        if s.stats:
-            stats.append(s.stats)
-            row["acceptance_length"] = None if s.stats["acceptance_length"] is None else round(s.stats["acceptance_length"], 4)
-            single = aggregate([s.stats])
-            row["per_position_acceptance"] = single["per_position_acceptance"] or (
-                [round(p, 4) for p in s.stats["per_position"]] if s.stats.get("per_position") else None)
-        if st is not None:
-            stream_total += 1
-            if st.completion and s.completion:
-                row["stream_matches"] = _same(st.completion, s.completion)
-                stream_ok += row["stream_matches"]
-            else:
-                row["stream_matches"] = False
-        ok = ((row["exact_match"] or row.get("numerical_tie") and spec.lossless.mode != "strict" or not lossless_on)
-              and not errors and row["stream_matches"] is not False)
-        problems = list(errors)
-        if row["first_divergence"]:
-            problems.insert(0, _describe_divergence(row["first_divergence"]))
-        if row["stream_matches"] is False and st is not None and st.completion and s.completion:
-            problems.append("the streamed output differs from the non-streamed one")
-        status = "passed" if ok else ("error" if errors and not row["first_divergence"] else "failed")
-        prompts_suite.add(junit.Case(f"prompt {prompt.id}", "serve-test.prompts",
-                                     sum(v for v in row["latency_s"].values() if v) or 0.0, status,
-                                     problems[0] if problems else "", "\n".join(problems)))
+        row, streamed_pair = _prompt_row(run, prompt, tally, stats)
+        _add_prompt_case(suites[1], row, spec, streamed_pair)
         rows.append(row)
+    _server_checks(checks, run.servers, spec)
+    _lossless_check(checks, spec, rows, tally, len(run.prompts))
+    overall, tau, measured = _acceptance_check(checks, run, spec, stats)
+    _oracle_check(checks, getattr(run, "oracle", None))
+    if spec.stream:
+        checks.add("streaming equals non-streaming", tally.stream_total > 0 and tally.stream_ok == tally.stream_total,
+                   tally.stream_ok, tally.stream_total,
+                   f"{tally.stream_ok}/{tally.stream_total} streamed speculative outputs equal the non-streamed ones")
+    startup_failed = any(c["name"].startswith("server startup") and not c["passed"] for c in checks.items)
+    status = ("error" if startup_failed else
+              "passed" if all(c["passed"] is not False for c in checks.items) else "failed")
+    summary = _summary(rows, tally, len(run.prompts), overall, tau, measured)
+    return {"status": status, "summary": summary, "checks": checks.items, "prompts": rows, "junit": suites}
 
-    n = len(run.prompts)
-    fraction = matches / n if n else 0.0
-    overall = aggregate(stats)
-    checks = []
 
-    def check(name: str, passed: bool | None, value: Any, threshold: Any, message: str, fix: str | None = None,
-              error: bool = False) -> None:
-        """``passed=None``: skipped, nothing to judge (it neither passes nor fails the run)."""
-        checks.append({"name": name, "passed": passed, "value": value, "threshold": threshold, "message": message,
-                       **({"skipped": True} if passed is None else {}), **({"fix": fix} if fix else {})})
-        status = "skipped" if passed is None else "passed" if passed else ("error" if error else "failed")
-        checks_suite.add(junit.Case(name, "serve-test.checks", 0.0, status, message,
-                                    message + (f"\nFix: {fix}" if fix else "")))
+def _prompt_row(run: Any, prompt: Any, tally: _Tally, stats: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """One prompt's speculative, baseline and streamed outcomes compared (``report.json`` ``prompts[]``), and
+    whether both a streamed and a non-streamed speculative output exist to compare."""
+    spec = run.spec
+    lossless_on = spec.lossless.mode != "off"
+    s = run.results.get((SPECULATIVE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+    b = (run.results.get((BASELINE, prompt.id, False)) or Outcome(error="not run", error_kind="skipped")
+         if lossless_on else Outcome())  # lossless off: no baseline was asked, nothing missing
+    st = run.results.get((SPECULATIVE, prompt.id, True)) if spec.stream else None
+    errors = [f"{name}: {o.error}" for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative stream", st))
+              if o is not None and o.error]
+    row: dict[str, Any] = {"id": prompt.id, "errors": errors, "exact_match": False, "first_divergence": None,
+                           "stream_matches": None, "acceptance_length": None, "per_position_acceptance": None,
+                           "latency_s": {}, "ttft_s": {}, "completion_tokens": {}}
+    for name, o in ((SPECULATIVE, s), (BASELINE, b), ("speculative_stream", st)):
+        if o is not None and o.completion:
+            row["latency_s"][name] = round(o.completion.latency_s, 4)
+            row["ttft_s"][name] = None if o.completion.ttft_s is None else round(o.completion.ttft_s, 4)
+            row["completion_tokens"][name] = (len(o.completion.token_ids) if o.completion.token_ids is not None
+                                              else o.completion.completion_tokens)
+    if s.completion and b.completion:
+        div = first_divergence(s.completion, b.completion)
+        row["exact_match"] = div is None
+        row["first_divergence"] = div
+        if div is not None and b.diagnosis:
+            div["diagnosis"] = b.diagnosis
+        tie = div is not None and (b.diagnosis or {}).get("class") == "tie"
+        row["numerical_tie"] = tie
+        tally.ties += tie
+        tally.matches += div is None or (tie and spec.lossless.mode != "strict")
+    if s.stats:
+        stats.append(s.stats)
+        row["acceptance_length"] = None if s.stats["acceptance_length"] is None else round(s.stats["acceptance_length"], 4)
+        single = aggregate([s.stats])
+        row["per_position_acceptance"] = single["per_position_acceptance"] or (
+            [round(p, 4) for p in s.stats["per_position"]] if s.stats.get("per_position") else None)
+    if st is not None:
+        tally.stream_total += 1
+        if st.completion and s.completion:
+            row["stream_matches"] = _same(st.completion, s.completion)
+            tally.stream_ok += row["stream_matches"]
+        else:
+            row["stream_matches"] = False
+    return row, st is not None and bool(st.completion and s.completion)
 
-    for server in run.servers:
+
+def _add_prompt_case(suite: junit.Suite, row: dict[str, Any], spec: Any, streamed_pair: bool) -> None:
+    """The prompt's JUnit case: passed, failed (a divergence, a streamed mismatch) or error (a failed request)."""
+    lossless_on = spec.lossless.mode != "off"
+    errors = row["errors"]
+    ok = ((row["exact_match"] or row.get("numerical_tie") and spec.lossless.mode != "strict" or not lossless_on)
+          and not errors and row["stream_matches"] is not False)
+    problems = list(errors)
+    if row["first_divergence"]:
+        problems.insert(0, _describe_divergence(row["first_divergence"]))
+    if streamed_pair and row["stream_matches"] is False:
+        problems.append("the streamed output differs from the non-streamed one")
+    status = "passed" if ok else ("error" if errors and not row["first_divergence"] else "failed")
+    suite.add(junit.Case(f"prompt {row['id']}", "serve-test.prompts", sum(v for v in row["latency_s"].values() if v) or 0.0,
+                         status, problems[0] if problems else "", "\n".join(problems)))
+
+
+def _server_checks(checks: _Checks, servers: list[Any], spec: Any) -> None:
+    for server in servers:
         started = server.startup_s is not None
         message = (f"healthy after {server.startup_s} s at {server.url}" if started else (server.error or "did not start"))
         if server.log_tail and not started:
             message += "; last log lines: " + " | ".join(server.log_tail[-5:])
-        check(f"server startup: {server.phase}", started, server.startup_s, spec.startup_timeout_s, message, error=not started)
+        checks.add(f"server startup: {server.phase}", started, server.startup_s, spec.startup_timeout_s, message,
+                   error=not started)
         if started:
             alive = not server.died_mid_run and not server.error
-            check(f"server stayed up: {server.phase}", alive, None, None,
-                  "answered every request" if alive else server.error
-                  + ("; last log lines: " + " | ".join(server.log_tail[-2:]) if server.log_tail else ""))
-    if lossless_on:
-        check(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
-              n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
-              f"{matches}/{n} prompts: speculative output equals the baseline's"
-              + (f" ({ties} at a numerical tie: the baseline's lead < {spec.lossless.tie_margin:g} nats"
-                 + (", which fails in strict mode)" if spec.lossless.mode == "strict" else ", counted as equal)")
-                 if ties else "")
-              + ("" if fraction >= spec.lossless.min_exact_match else
-                 "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"]) if r["first_divergence"] else r["errors"][0])
-                                              for r in rows if not r["exact_match"]), "")))
+            checks.add(f"server stayed up: {server.phase}", alive, None, None,
+                       "answered every request" if alive else server.error
+                       + ("; last log lines: " + " | ".join(server.log_tail[-2:]) if server.log_tail else ""))
+
+
+def _lossless_check(checks: _Checks, spec: Any, rows: list[dict[str, Any]], tally: _Tally, n: int) -> None:
+    if spec.lossless.mode == "off":
+        return
+    fraction = tally.matches / n if n else 0.0
+    ties = tally.ties
+    checks.add(f"lossless ({spec.lossless.mode}): exact match >= {spec.lossless.min_exact_match:g}",
+               n > 0 and fraction >= spec.lossless.min_exact_match, round(fraction, 4), spec.lossless.min_exact_match,
+               f"{tally.matches}/{n} prompts: speculative output equals the baseline's"
+               + (f" ({ties} at a numerical tie: the baseline's lead < {spec.lossless.tie_margin:g} nats"
+                  + (", which fails in strict mode)" if spec.lossless.mode == "strict" else ", counted as equal)")
+                  if ties else "")
+               + ("" if fraction >= spec.lossless.min_exact_match else
+                  "; first mismatch: " + next((f"{r['id']}: " + (_describe_divergence(r["first_divergence"])
+                                                                 if r["first_divergence"] else r["errors"][0])
+                                               for r in rows if not r["exact_match"]), "")))
+
+
+def _acceptance_check(checks: _Checks, run: Any, spec: Any, stats: list[dict[str, Any]]
+                      ) -> tuple[dict[str, Any], float | None, Any]:
+    """The acceptance-length check from the best source there is; returns (per-request aggregate, tau, the
+    backend reader's run-level Acceptance or None)."""
+    overall = aggregate(stats)
     engine = getattr(run, "engine_acceptance", None) or {}
     counted = engine.get("counters")
     if counted is not None and counted.available and counted.per_position is not None:
@@ -183,55 +239,57 @@ def evaluate(run: Any) -> dict[str, Any]:
     measured = getattr(run, "acceptance", None)  # run-level Acceptance from the engine backend's reader
     off = getattr(run, "speculation_off", None)
     if off:
-        check(name, None, None, spec.min_acceptance_length, f"skipped: {off}")
+        checks.add(name, None, None, spec.min_acceptance_length, f"skipped: {off}")
     elif measured is not None:
         tau = measured.acceptance_length
         if measured.available:
-            check(name, tau >= spec.min_acceptance_length, round(tau, 4), spec.min_acceptance_length,
-                  f"tau {tau:.4g} ({measured.label})")
+            checks.add(name, tau >= spec.min_acceptance_length, round(tau, 4), spec.min_acceptance_length,
+                       f"tau {tau:.4g} ({measured.label})")
         else:
             # Never pass or fail on a number that does not exist: skipped, with every source's reason.
-            check(name, None, None, spec.min_acceptance_length, f"not measurable: {measured.reason}",
-                  "enable_iter_perf_stats: true (build writes it) gives TensorRT-LLM's specDecodingStats at /metrics; "
-                  "or stream at least one request (serve_test.stream: true) for the stream-chunk estimate")
+            checks.add(name, None, None, spec.min_acceptance_length, f"not measurable: {measured.reason}",
+                       "enable_iter_perf_stats: true (build writes it) gives TensorRT-LLM's specDecodingStats at "
+                       "/metrics; or stream at least one request (serve_test.stream: true) for the stream-chunk estimate")
     elif tau is None and counted is not None:
-        check(name, False, None, spec.min_acceptance_length,
-              f"the engine's counters gave nothing ({counted.label})",
-              "check that the server runs with a speculative config (engine/vllm/serve.sh) and serves GET /metrics")
+        checks.add(name, False, None, spec.min_acceptance_length,
+                   f"the engine's counters gave nothing ({counted.label})",
+                   "check that the server runs with a speculative config (engine/vllm/serve.sh) and serves GET /metrics")
     elif tau is None:
         fix = ("the reference server reports acceptance at /perf_metrics; for trtllm-serve run serve-test with "
                "runtime.backend: trtllm, which reads the acceptance each TensorRT-LLM line really serves "
                "(its /perf_metrics never carries EAGLE-3 acceptance: TorchSampler leaves it empty, 1.4 removed the route)"
                if run.metrics_available.get(SPECULATIVE) is not False else
                "the server has no /perf_metrics route; use the reference server, or runtime.backend: trtllm")
-        check(name, None, None, spec.min_acceptance_length,
-              "not measurable: the server reported no speculative statistics for any request", fix)
+        checks.add(name, None, None, spec.min_acceptance_length,
+                   "not measurable: the server reported no speculative statistics for any request", fix)
     else:
-        check(name, tau >= spec.min_acceptance_length, tau,
-              spec.min_acceptance_length,
-              f"tau {tau:g} over {overall['requests']} requests"
-              + (f" ({counted.label})" if counted is not None and counted.available else "")
-              + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
-              + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
-    verdict = getattr(run, "oracle", None)
-    if verdict is not None:
-        check("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),
-              verdict["tolerance"]["acceptance_length"], verdict["message"],
-              "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
-              if not verdict["passed"] else None)
-    if spec.stream:
-        check("streaming equals non-streaming", stream_total > 0 and stream_ok == stream_total, stream_ok, stream_total,
-              f"{stream_ok}/{stream_total} streamed speculative outputs equal the non-streamed ones")
+        checks.add(name, tau >= spec.min_acceptance_length, tau, spec.min_acceptance_length,
+                   f"tau {tau:g} over {overall['requests']} requests"
+                   + (f" ({counted.label})" if counted is not None and counted.available else "")
+                   + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
+                   + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
+    return overall, tau, measured
 
+
+def _oracle_check(checks: _Checks, verdict: dict[str, Any] | None) -> None:
+    """The oracle's verdict as a check: passed, failed, or skipped with the reason (``passed`` None)."""
+    if verdict is None:
+        return
+    checks.add("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),
+               (verdict.get("tolerance") or {}).get("acceptance_length"), verdict["message"],
+               "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
+               if verdict["passed"] is False else None)
+
+
+def _summary(rows: list[dict[str, Any]], tally: _Tally, n: int, overall: dict[str, Any], tau: float | None,
+             measured: Any) -> dict[str, Any]:
     spec_lat = [r["latency_s"][SPECULATIVE] for r in rows if SPECULATIVE in r["latency_s"]]
     base_lat = [r["latency_s"][BASELINE] for r in rows if BASELINE in r["latency_s"]]
-    startup_failed = any(c["name"].startswith("server startup") and not c["passed"] for c in checks)
-    status = "error" if startup_failed else ("passed" if all(c["passed"] is not False for c in checks) else "failed")
-    summary = {
+    return {
         "prompts": n,
-        "exact_match": matches,
-        "exact_match_fraction": round(fraction, 4),
-        "numerical_ties": ties,
+        "exact_match": tally.matches,
+        "exact_match_fraction": round(tally.matches / n if n else 0.0, 4),
+        "numerical_ties": tally.ties,
         **{k: overall[k] for k in ("acceptance_length", "acceptance_rate", "per_position_acceptance")},
         "acceptance_estimated": overall["estimated"],
         **({"acceptance_length": None if tau is None else round(tau, 4),
@@ -243,6 +301,3 @@ def evaluate(run: Any) -> dict[str, Any]:
         "latency_ratio": (round(statistics.fmean(base_lat) / statistics.fmean(spec_lat), 3)
                           if spec_lat and base_lat and statistics.fmean(spec_lat) > 0 else None),
     }
-    return {"status": status, "summary": summary, "checks": checks, "prompts": rows, "junit": suites}
-
-

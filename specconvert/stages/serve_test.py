@@ -454,8 +454,18 @@ class ServeRun:
                     "note": "one output is a prefix of the other (different length)"}
         chat = prompt.messages is not None
         logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
+        # Logprob tokens by id (vLLM's request field; the reference server honours it too), so the speculative
+        # token is found among the baseline's by id, not by a text that several ids can share.
+        by_id = {**(extra or {}), **logprob_fields, "return_tokens_as_token_ids": True}
         try:
-            probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
+            try:
+                probe = await self._send(client, model, prompt, index + 1, False, by_id)
+            except RequestFailed as exc:
+                if exc.kind != "http":
+                    raise
+                # trtllm-serve refuses unknown request fields (its OpenAIBaseModel forbids extras,
+                # tensorrt_llm/serve/openai_protocol.py): ask again, tokens spelled as text.
+                probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
         except RequestFailed as exc:
             return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
         spec_ids = spec_outcome.completion.token_ids or []
@@ -497,24 +507,146 @@ def _oracle_enabled(recipe: Any, url: str | None) -> bool:
     return mode == "on"
 
 
-def run_oracle(recipe: Any, prompts: list[Prompt], engine: Any) -> dict[str, Any]:
-    """The reference decoder on the same prompts, head and template; its verdict against the engine's counters."""
+def _oracle_prompts(prompts: list[Prompt], spec: Any) -> list[Prompt]:
+    """The prompts within ``oracle.prompts`` and the token budget ``oracle.max_tokens`` (whole prompts, at least one)."""
+    chosen = prompts[:spec.oracle.prompts] if spec.oracle.prompts else list(prompts)
+    if spec.oracle.max_tokens:
+        chosen = chosen[:max(1, spec.oracle.max_tokens // spec.max_tokens)]
+    return chosen
+
+
+def _engine_decoding(serve: "ServeRun") -> Any:
+    """What the speculative vLLM server decoded one request at a time (serve-test's concurrency): read from the
+    argv it was started with. vLLM has chains only, so a `build.tree` bundle runs a chain there too."""
+    from ..backends.vllm import launch as vllm
+    from ..serving.oracle import Decoding
+
+    record = next((s for s in serve.servers if s.phase == f"vllm ({SPECULATIVE})" and s.command), None)
+    if record is None or record.startup_s is None:
+        return None
+    k = vllm.drafted_chain(record.command, batch_size=1)
+    return Decoding(k, None, "the speculative vLLM server's --speculative-config at batch 1 (one request at a time)")
+
+
+def _oracle_device(recipe: Any) -> tuple[str | None, str]:
+    """``(cpu|cuda, why)``, or ``(None, why not)`` when the wanted GPU is not there."""
+    import torch
+
+    wanted, key = recipe.serve_test.oracle.device, "serve_test.oracle.device"
+    if wanted == "auto":
+        wanted, key = recipe.runtime.device, "runtime.device"
+    if wanted == "auto":
+        return ("cuda", "runtime.device: auto, a GPU is visible") if torch.cuda.is_available() else (
+            "cpu", "runtime.device: auto, no GPU visible")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        return None, f"{key} is cuda but no CUDA device is visible"
+    return wanted, f"{key}: {wanted}"
+
+
+def _free_gib(device: str) -> float | None:
+    from ..backends.vllm.memory import GIB, available_gib
+
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0] / GIB
+    return available_gib()
+
+
+def run_oracle(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str | None) -> dict[str, Any]:
+    """The reference decoder on the engine's prompts, head, template and draft setting, after the servers stopped;
+    its verdict against the engine's counters of the same requests. Skipped, with the reason and nothing loaded,
+    where it cannot compare like with like or would not fit."""
+    verdict = _oracle_verdict(recipe, prompts, serve, url)
+    if verdict["passed"] is None:
+        output.log(f"serve-test: oracle {verdict['message']}")
+    else:
+        output.check(verdict["passed"], f"oracle: {verdict['message']}")
+    return verdict
+
+
+def _engine_dtype(recipe: Any, target_config: dict[str, Any]) -> str:
+    """The dtype vLLM served the target in: ``runtime.vllm_dtype``; for ``auto`` the config's, except that vLLM
+    0.32 downcasts a float32 model to its platform's first supported dtype, bfloat16 (``config/model.py``
+    ``_resolve_auto_dtype``, ``platforms/interface.py`` ``supported_dtypes``)."""
+    dtype = recipe.runtime.vllm_dtype
+    if dtype == "auto":
+        dtype = str(target_config.get("torch_dtype") or target_config.get("dtype") or "float32")
+        dtype = "bfloat16" if dtype == "float32" else dtype
+    return dtype
+
+
+def _oracle_fits(recipe: Any, settings: dict[str, Any], decoding: Any, chosen: list[Prompt], device: str
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The oracle's run facts (device, dtype, estimate) and, when it would not fit in free memory, why not."""
+    from ..backends.vllm import memory
+    from ..models.size import dtype_bytes, read_config
     from ..serving import oracle
 
     spec = recipe.serve_test
-    output.log(f"serve-test: oracle: reference decoder on {len(prompts)} prompt(s), greedy, {spec.max_tokens} tokens")
-    engine_dir = recipe.workdir_path / "engine"
-    found = None
-    if recipe.runtime.backend == "vllm":
-        from ..backends.vllm import overlay
-        from ..manifest import read_manifest
+    target_config = read_config(settings["target_dir"])
+    dtype = _engine_dtype(recipe, target_config)
+    draft_bytes = int(memory.weights_gib([settings["draft_dir"]]) * memory.GIB
+                      * dtype_bytes(dtype) / dtype_bytes(None, read_config(settings["draft_dir"])))
+    footprint = oracle.estimate(target_config, draft_bytes, dtype_bytes(dtype), dtype, device, len(chosen),
+                                spec.max_tokens, decoding.depth)
+    facts = {"decoding": decoding.as_dict(), "device": device, "dtype": dtype, "prompts_used": [p.id for p in chosen],
+             "footprint": footprint.as_dict() if footprint else None}
+    if footprint is None:
+        return facts, None
+    free = _free_gib(device)
+    output.log(f"serve-test: oracle: {len(chosen)} prompt(s) x {spec.max_tokens} tokens on {device} in {dtype}: "
+               f"about {footprint.need_gib:.1f} GiB ({footprint.target_parameters / 1e9:.2f} B target parameters), "
+               f"{'unknown' if free is None else f'{free:.1f} GiB'} free; at most ~{footprint.seconds:.0f} s")
+    if free is None or footprint.need_gib <= free:
+        return facts, None
+    facts["free_gib"] = round(free, 2)
+    where = ("a GPU with that much free memory (serve_test.oracle.device: cuda)" if device == "cpu" else
+             "a larger GPU, or serve_test.oracle.device: cpu on a machine with that much free RAM")
+    return facts, (f"the reference decoder would need about {footprint.need_gib:.1f} GiB on {device} "
+                   f"({footprint.target_parameters / 1e9:.2f} B target parameters in {dtype}, the head, KV cache and "
+                   f"overhead) and {free:.1f} GiB is free, so nothing was loaded. It runs on {where}; "
+                   "serve_test.oracle.enabled: off leaves it out")
 
-        manifest = read_manifest(engine_dir) or {}
-        artifacts = manifest.get("artifacts") or {}
-        found = overlay.findings(Path(artifacts["vllm_draft"]), Path(artifacts["draft_dir"]),
-                                 (manifest.get("decisions") or {}).get("vllm_aux_layer_ids"))
-    verdict = oracle.check(engine_dir, prompts, spec.max_tokens, spec.oracle, engine, found)
-    output.check(verdict["passed"], f"oracle: {verdict['message']}")
+
+def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str | None) -> dict[str, Any]:
+    from ..backends.vllm import overlay
+    from ..serving import oracle
+    from ..acceptance import combine, unavailable
+    from ..serving.engine import reference_settings
+
+    spec = recipe.serve_test
+    if url is not None:
+        return oracle.skipped("--url has no bundle to decode with; run serve-test without --url")
+    if recipe.runtime.backend != "vllm":
+        return oracle.skipped(f"the oracle checks vLLM's counters; runtime.backend is {recipe.runtime.backend} "
+                              "(the reference server is the reference decoder itself)")
+    decoding = _engine_decoding(serve)
+    if decoding is None:
+        return oracle.skipped("the speculative vLLM server did not run")
+    if decoding.draft_len == 0:
+        return oracle.skipped("the engine drafts nothing at batch 1 (tune's schedule), so there is no acceptance "
+                              "to compare", decoding=decoding.as_dict())
+    device, device_why = _oracle_device(recipe)
+    if device is None:
+        return oracle.skipped(f"{device_why}; nothing was loaded. Set serve_test.oracle.device: cpu to decode on "
+                              "the CPU", decoding=decoding.as_dict())
+    engine_dir = recipe.workdir_path / "engine"
+    manifest, settings = reference_settings(engine_dir)
+    chosen = _oracle_prompts(prompts, spec)
+    facts, too_big = _oracle_fits(recipe, settings, decoding, chosen, device)
+    facts["device_reason"] = device_why
+    if too_big:
+        return oracle.skipped(too_big, enable="serve_test.oracle.device", **facts)
+    ids = {p.id for p in chosen}
+    counted = [c["acceptance"] for c in serve.counted if not c["stream"] and c["prompt_id"] in ids]
+    engine = combine(counted) or unavailable("vllm counters", "no speculative request was counted")
+    artifacts = manifest.get("artifacts") or {}
+    found = overlay.findings(Path(artifacts["vllm_draft"]), Path(artifacts["draft_dir"]),
+                             (manifest.get("decisions") or {}).get("vllm_aux_layer_ids"))
+    verdict = oracle.check(engine_dir, chosen, spec.max_tokens, spec.oracle, engine, decoding, device, facts["dtype"],
+                           found)
+    verdict.update(facts)
     return verdict
 
 
@@ -568,8 +700,8 @@ def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str |
                     serve.skip_phase(later, f"not run: {phase.name} did not start")
                 break
         serve.engine_acceptance = engine_acceptance(serve.counted)
-        if oracle_on:
-            serve.oracle = run_oracle(recipe, prompts, serve.engine_acceptance["counters"])
+        if oracle_on:  # every server has stopped: the oracle has the machine to itself
+            serve.oracle = run_oracle(recipe, prompts, serve, url)
         evaluated = evaluate(serve)
         suites = evaluated.pop("junit")
         report = {

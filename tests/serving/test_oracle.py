@@ -60,8 +60,13 @@ def test_top_logprobs_at(logprobs, index, expected):
     pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.05, 0.02, "tie", id="near-tie-by-id"),
     pytest.param([("token_id:42", -0.10), ("token_id:7", -2.10)], 7, 0.05, 2.0, "divergence", id="real-by-id"),
     pytest.param([(" b", -0.2), (" c", -0.21)], " c", 0.05, 0.01, "tie", id="near-tie-by-text"),
-    pytest.param([("token_id:42", -0.1), ("token_id:7", -0.11)], 999, 0.05, 0.01, "divergence",
-                 id="speculative-token-not-listed"),
+    # Not listed: 0.01 is only a lower bound on the lead, below the tie margin, so nothing decides it.
+    pytest.param([("token_id:42", -0.1), ("token_id:7", -0.11)], 999, 0.05, 0.01, "unknown",
+                 id="speculative-token-not-listed-lower-bound-below-margin"),
+    pytest.param([("token_id:42", -0.1), ("token_id:7", -2.1)], 999, 0.05, 2.0, "divergence",
+                 id="speculative-token-not-listed-lower-bound-above-margin"),
+    # The probe's own best is the speculative token: the baseline itself flipped between two runs.
+    pytest.param([("token_id:7", -0.70), ("token_id:42", -0.72)], 7, 0.05, 0.0, "tie", id="baseline-flipped"),
     pytest.param([("token_id:42", -0.70), ("token_id:7", -0.72)], 7, 0.0, 0.02, "divergence", id="zero-threshold"),
 ])
 def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind):
@@ -72,6 +77,15 @@ def test_divergence_margin_and_class(tops, spec_token, tie_margin, margin, kind)
 
 def test_unknown_without_logprobs():
     assert oracle.classify_divergence(None, 0.05) == "unknown"
+
+
+def test_a_single_listed_token_is_unknown_not_a_divergence():
+    """Issue 20 item 1: one top entry says nothing about the speculative token (margin None): never 'divergence'."""
+    got = oracle.divergence_margin([("token_id:42", -0.1)], 7)
+    assert got["margin"] is None and "only its best token" in got["note"]
+    assert oracle.classify_divergence(got, 0.05) == "unknown"
+    chat_one = {"content": [{"token": "token_id:42", "logprob": -0.1}]}  # no top_logprobs: the chosen token only
+    assert oracle.diagnose(chat_one, 0, 7, 0.05)["class"] == "unknown"
 
 
 def test_diagnose_reads_vllm_token_id_spelling():
@@ -89,3 +103,33 @@ def test_files_that_depart_from_the_head_fail_even_when_tau_agrees():
     assert verdict["causes"][0] == "aux_layers" and "found in the engine's files" in verdict["message"]
     clean = oracle.compare(acc(285, [97, 95, 93]), acc(295, [99, 98, 96]), oracle.OracleTolerance(0.2, 0.1), [])
     assert clean["passed"] and clean["caught_by"] == []
+
+
+@pytest.mark.parametrize("engine_pos, reference_pos, status, note", [
+    # Issue 20 item 2: lists of different lengths are an error, never cut by zip.
+    pytest.param([70, 50, 30], [70, 50], "mismatch", None, id="engine-drafted-a-position-the-reference-did-not"),
+    pytest.param([70, 50], [70, 50, 30], "mismatch", None, id="reference-longer"),
+    # vLLM counts num_speculative_tokens positions; a schedule drafting 2 at batch 1 leaves the third at 0.
+    pytest.param([70, 50, 0], [70, 50], "agrees", "drafted nothing at this batch size", id="trailing-undrafted"),
+])
+def test_per_position_lists_must_cover_the_same_positions(engine_pos, reference_pos, status, note):
+    engine = from_counts("x", drafts=100, draft_tokens=300, accepted_tokens=150, accepted_per_position=engine_pos)
+    reference = from_counts("x", drafts=100, draft_tokens=200, accepted_tokens=150, accepted_per_position=reference_pos)
+    verdict = oracle.compare(engine, reference, TOL)
+    assert verdict["status"] == status
+    if status == "mismatch":
+        assert verdict["passed"] is False and "did not decode the same setting" in verdict["message"]
+    else:
+        assert verdict["passed"] and note in verdict["message"] and len(verdict["per_position_delta"]) == 2
+
+
+def test_parameters_and_footprint_come_from_the_config_alone():
+    from specconvert.models.size import parameter_count
+
+    from .test_oracle_setting import LLAMA_8B
+
+    assert parameter_count(LLAMA_8B) == pytest.approx(8.03e9, rel=0.005)  # Llama-3.1-8B: 8,030,261,248
+    assert parameter_count({"hidden_size": 64}) is None
+    fp = oracle.estimate(LLAMA_8B, 0, 2, "bfloat16", "cuda", prompts=8, max_tokens=64, depth=3)
+    assert 15 < fp.need_gib < 17 and fp.tokens == 512 and fp.forwards == 8 * 65
+    assert oracle.estimate(LLAMA_8B, 0, 4, "float32", "cpu", 8, 64, 3).need_gib > 30

@@ -52,7 +52,8 @@ def test_engines_are_summed():
     pytest.param(text(drafts=0.0, draft_tokens=0.0, accepted=0.0, p0=0, p1=0, p2=0), "counted no drafts", id="no-drafts"),
 ])
 def test_nothing_to_measure_says_why(after, reason):
-    acc = counters.delta(None, counters.parse(after) if after is not None else None)
+    zero = counters.parse(text(drafts=0.0, draft_tokens=0.0, accepted=0.0, p0=0, p1=0, p2=0))
+    acc = counters.delta(zero, counters.parse(after) if after is not None else None)
     assert not acc.available and acc.acceptance_length is None
     assert reason in acc.label
 
@@ -71,3 +72,22 @@ def test_one_prometheus_parser_reads_both_engines_counters():
     assert parse(text) == {(DRAFTS, None): 5.0, (PER_POS, 1): 2.0}
     assert parse_prometheus(text)["trtllm_spec_decode_num_draft_tokens_total"] == 9.0
     assert "x_total" not in parse_prometheus(text)
+
+
+BEFORE = text(drafts=10.0, draft_tokens=30.0, accepted=5.0, p0=4.0, p1=1.0, p2=0.0)
+AFTER = text(drafts=46.0, draft_tokens=138.0, accepted=16.0, p0=12.0, p1=3.0, p2=1.0)
+
+
+@pytest.mark.parametrize("before, after, reason", [
+    # Issue 20 item 5: the absolute counters hold every earlier request; they never stand in for the run's change.
+    pytest.param(None, AFTER, "did not answer before the run", id="before-scrape-failed"),
+    # A restart between the scrapes: the counters start again from 0, the delta is negative.
+    pytest.param(AFTER, BEFORE, "counters went down", id="server-restarted"),
+    pytest.param(AFTER, text(drafts=50.0, draft_tokens=150.0, accepted=17.0, p0=13.0, p1=3.0, p2=0.0),
+                 "position=2", id="one-counter-went-down"),
+])
+def test_a_change_that_cannot_be_measured_is_unavailable_with_the_reason(before, after, reason):
+    acc = counters.delta(None if before is None else counters.parse(before), counters.parse(after), requests=1)
+    assert acc.kind == "unavailable" and acc.acceptance_length is None and acc.drafts is None
+    assert reason in acc.reason
+    assert "speculation did not run" not in acc.label

@@ -41,16 +41,29 @@ def parse(text: str) -> Snapshot:
 
 
 def delta(before: Snapshot | None, after: Snapshot | None, requests: int = 0) -> Acceptance:
-    """Acceptance of what happened between two snapshots."""
+    """Acceptance of what happened between two snapshots.
+
+    Only a difference measures the run: without the "before" scrape the absolute counters would
+    count every earlier request too, and a counter that went down means the server restarted
+    between the scrapes (vLLM's counters only grow while a process lives). Both are
+    ``unavailable`` with the reason, never a number and never "speculation did not run".
+    """
     if after is None:
-        return unavailable(SOURCE, "GET /metrics did not answer")
+        return unavailable(SOURCE, "GET /metrics did not answer after the run")
     if not any(name == DRAFTS for name, _ in after):
         return unavailable(SOURCE, f"GET /metrics has no {DRAFTS} (speculative decoding is not configured)")
-    before = before or Snapshot()
+    if before is None:
+        return unavailable(SOURCE, "GET /metrics did not answer before the run, so the counters' change over the "
+                           "run is unknown (the absolute counters include earlier requests)")
 
     def diff(key: tuple[str, int | None]) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
+    fell = sorted(f"{name}{'' if pos is None else f'{{position={pos}}}'}"
+                  for name, pos in set(before) | set(after) if diff((name, pos)) < 0)
+    if fell:
+        return unavailable(SOURCE, f"counters went down during the run ({', '.join(fell)}): the server restarted "
+                           "between the scrapes, so the run's change is unknown")
     positions = sorted(p for name, p in after if name == PER_POS and p is not None)
     per_pos = [diff((PER_POS, p)) for p in range(positions[-1] + 1)] if positions else None
     return from_counts(SOURCE, drafts=diff((DRAFTS, None)), draft_tokens=int(diff((DRAFT_TOKENS, None))),

@@ -76,6 +76,19 @@ def context_length_warnings(build: Any, runtime: Any) -> list[str]:
             "runtime.vllm_max_model_len (or set build.max_seq_len) so every engine serves the same context"]
 
 
+def drafted_chain(argv: list[str], batch_size: int) -> int:
+    """The chain a server started with ``argv`` drafts when ``batch_size`` requests run: its
+    ``--speculative-config``'s ``num_speculative_tokens``, or the schedule's K for that batch
+    (vLLM's lookup, :func:`backends.vllm.schedule.draft_len_at`); 0 without a speculative config."""
+    from .schedule import draft_len_at
+
+    if "--speculative-config" not in argv:
+        return 0
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    return draft_len_at(config.get("num_speculative_tokens_per_batch_size"), int(config["num_speculative_tokens"]),
+                        batch_size)
+
+
 def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, served_model_name: str,
                 tuned: dict[str, Any] | None = None) -> list[str]:
     """The api_server arguments after ``python -m MODULE``; ``draft_dir=None`` = the baseline twin.
