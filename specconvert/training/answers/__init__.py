@@ -109,7 +109,7 @@ class AnswerCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_file() and self.path.stat().st_size > self._complete:
             os.truncate(self.path, self._complete)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab")
         return self
 
     def add(self, key: Key, answer: list[int]) -> None:
@@ -118,8 +118,10 @@ class AnswerCache:
         if key[1]:
             row["t"] = key[1]
         assert self._fh is not None, "AnswerCache.open() first"
-        self._fh.write(json.dumps(row) + "\n")
+        line = (json.dumps(row) + "\n").encode("utf-8")
+        self._fh.write(line)
         self._fh.flush()
+        self._complete += len(line)  # a later open() must not cut what this one appended
 
     def close(self) -> None:
         if self._fh is not None:
