@@ -4,9 +4,12 @@ Two sources, both run through the target so the head learns the target's own
 distribution (the EAGLE loss distils the target's logits at masked positions):
 
 - **synthesis**: prompts (chat template applied when the tokenizer has one) answered
-  by the target greedily, in left-padded batches. Every finished batch is appended to
-  a JSONL cache named by a fingerprint of (target, prompts, settings), so a rerun
-  costs nothing and an interrupted one resumes where it stopped.
+  by the target, through an answer source (:mod:`.answers`: in-process ``generate``,
+  the project's vLLM or the user's URLs). Every finished answer is appended to a JSONL
+  cache named by a fingerprint of (target, prompts, settings), so a rerun costs nothing
+  and an interrupted one resumes where it stopped. A conversation with several user
+  turns has every assistant turn regenerated in order, each conditioned on the
+  target's own earlier answers, with loss on all of them.
 - **teacher-forced text** (``draft.train.texts``): chunks of text, loss on every token.
   One target forward per chunk, several times cheaper per token than generating.
 
