@@ -39,6 +39,10 @@ class VllmSource(AnswerSource):
         self._client: ServedSource | None = None
         self.startup_s: float | None = None
 
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
     def describe(self) -> str:
         return f"vLLM ({self._client.urls[0]})" if self._client else "vLLM"
 
