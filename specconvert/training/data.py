@@ -352,13 +352,15 @@ def build_sequences(
         from .answers.inprocess import InProcessSource
 
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]
-        reference = InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
+        # The probe's reference answers one prompt at a time, unpadded, as a server does.
+        reference = InProcessSource(model, stop_ids, pad_id, 1)
         key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
                                   [user_turns(s) for s in samples])
         share = f"-part{world.rank}of{world.size}" if world.parallel else ""
         report.synthesis_engine = train.synthesis.engine
         t0 = time.perf_counter()
-        sequences.extend(synthesize_conversations(train, samples, tokenizer, source or reference, reference, stop_ids,
+        source = source or InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
+        sequences.extend(synthesize_conversations(train, samples, tokenizer, source, reference, stop_ids,
                                                   cache_dir / f"synthesis-{key}{share}.jsonl", progress, world, report))
         report.synthesis_s = time.perf_counter() - t0
     else:
