@@ -187,3 +187,31 @@ def test_bad_synthesis_keys_are_one_line_exit_2(synthesis, message):
     with pytest.raises(InputError) as err:
         validate_recipe(data)
     assert err.value.exit_code == 2 and message in str(err.value.one_line()) + " ".join(err.value.problems)
+
+
+def test_every_url_is_probed_and_the_wrong_one_is_named():
+    with Double(toy_answer) as good, Double(toy_answer) as wrong:
+        wrong.perturb_at = 0
+        source = ServedSource([good.url, wrong.url], None, [STOP], backoff_s=0.01)
+        with pytest.raises(InputError) as err:
+            for endpoint in source.endpoints():
+                probe(endpoint, ToySource(), [[1, 2]], 8, str)
+    assert wrong.url in err.value.one_line() and good.url not in err.value.one_line()
+
+
+def test_the_synthesis_vllm_runs_the_target_alone_on_loopback_in_the_targets_dtype(tmp_path):
+    from specconvert.recipe import validate_recipe
+    from specconvert.training.answers.vllm import VllmSource
+
+    recipe = validate_recipe({"name": "demo", "target": {"model": "t"},
+                              "draft": {"train": {"synthesis": {"engine": "vllm", "concurrency": 48}}},
+                              "runtime": {"vllm_threads": 2}}, base_dir=tmp_path)
+    source = VllmSource(recipe.draft.train.synthesis, recipe, tmp_path / "target", "bfloat16", [2], None, tmp_path)
+    argv, env = source.command("/venv/bin/python", 8123)
+    flags = {a: (b if not b.startswith("--") else None) for a, b in zip(argv[3:], argv[4:] + [""]) if a.startswith("--")}
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert flags["--model"] == str(tmp_path / "target") and flags["--dtype"] == "bfloat16"
+    assert int(flags["--max-num-seqs"]) >= 48 and flags["--host"] == "127.0.0.1" and flags["--port"] == "8123"
+    assert flags["--served-model-name"] == "demo-synthesis" and "--speculative-config" not in argv
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert not source.running  # nothing starts before the first answer is needed

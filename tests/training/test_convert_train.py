@@ -164,3 +164,13 @@ def test_convert_synthesizes_through_a_url_and_refuses_an_unreachable_one(cli, t
     data = done.json()["manifest"]["training"]["data"]
     assert data["synthesis_engine"] == "url" and data["probe_tokens"] > 0 and data["answers"] == 48
     assert len(double.requests) == 48 + 2  # every prompt once, plus the probe's two
+
+
+def test_engine_vllm_without_vllm_stops_before_loading_anything(cli, tmp_path, target):
+    path = recipe(tmp_path, target, steps=2, extra="    synthesis: {engine: vllm}")
+    text = path.read_text().replace("runtime:\n", f"runtime:\n  vllm_python: {tmp_path / 'no-such-python'}\n")
+    path.write_text(text)
+    result = cli("convert", path)
+    assert result.code == 3, result.stderr
+    assert "no Python with vLLM" in result.stderr and "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("synthesis-*.jsonl")) and not list(tmp_path.rglob("manifest.json"))
