@@ -17,6 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:  # a killed client's broken pipe is expected here
+        pass
+
+
 class Double:
     def __init__(self, answer: Callable[[list[int], int], list[int]], model: str = "tiny"):
         self.answer = answer
@@ -75,7 +82,7 @@ class Double:
                                  "choices": [choice], "usage": {"prompt_tokens": len(body["prompt"]),
                                                                 "completion_tokens": len(ids)}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
