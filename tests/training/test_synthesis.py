@@ -9,7 +9,7 @@ import pytest
 
 from specconvert.errors import InputError
 from specconvert.recipe import TrainSpec
-from specconvert.training.answers import AnswerSource, cut_at_stop
+from specconvert.training.answers import GREEDY, AnswerSource, cut_at_stop
 from specconvert.training.answers.inprocess import InProcessSource
 from specconvert.training.answers.url import ServedSource
 from specconvert.training.data import (DataReport, build_sequences, next_turn_prompt, prompt_ids, render,
@@ -159,8 +159,7 @@ def _target_server(model):
 
     def answer(prompt, max_tokens):
         got = {}
-        target.answer([((0, 0), prompt)], max_tokens, __import__("specconvert.training.answers", fromlist=["GREEDY"]).GREEDY,
-                      lambda k, a: got.setdefault(k, a))
+        target.answer([((0, 0), prompt)], max_tokens, GREEDY, lambda k, a: got.setdefault(k, a))
         return got[(0, 0)]
 
     return answer
