@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
 
-.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune clean
+.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune bench-synthesis clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,11 @@ bench-demo: $(STAMP)
 # Held-out tau of a trained head against training minutes (each budget a separate run; data synthesized once).
 bench-train: $(STAMP)
 	$(VPY) benchmarks/bench_train.py $(BENCH_ARGS)
+
+# Synthesis throughput on the demo target: the project's own vLLM against in-process generate, same thread budget,
+# side by side in one run; prints tok/s, the ratio (target >= 2x) and the load average. Heavy (starts vLLM).
+bench-synthesis: $(STAMP) $(VLLM_STAMP)
+	$(VPY) benchmarks/bench_synthesis.py --vllm-python $(abspath $(VLLM_VENV))/bin/python $(BENCH_ARGS)
 
 # The tuned demo bundle against every fixed chain length (1, 2, 3) and the baseline on vLLM, one interleaved run;
 # prints tok/s per arm and the speed target (tuned >= 0.97x the best other arm, >= 1.0x the baseline). After `make demo`.

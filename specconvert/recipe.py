@@ -62,6 +62,67 @@ class TargetSpec(_Strict):
     )
 
 
+class SynthesisSpec(_Strict):
+    """Where the target's answers to the training prompts come from (``draft.train.synthesis``)."""
+
+    engine: Literal["inprocess", "vllm", "url"] = Field(
+        "inprocess",
+        description="`inprocess`: transformers `generate` in the convert process (batched, left-padded); `vllm`: "
+        "the project's own vLLM server on loopback (`runtime.vllm_python`), started for synthesis and stopped after; "
+        "`url`: one or more OpenAI-compatible endpoints you already run (vLLM, SGLang, trtllm-serve) serving the "
+        "target. Every answer is cached on disk as it arrives, so a killed run resumes.",
+    )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="`engine: url`: base URLs (`http://host:port`, no `/v1`) of servers serving the target; requests "
+        "are spread over them. A probe first compares their greedy answers with the in-process target.",
+    )
+    model: str | None = Field(
+        None, description="`engine: url`: the served model name to request; null = the first id of `GET /v1/models`."
+    )
+    concurrency: int = Field(8, ge=1, le=4096, description="Served engines: requests in flight at once, over all URLs.")
+    timeout_s: float = Field(600.0, gt=0, description="Served engines: deadline of one request (seconds).")
+    retries: int = Field(
+        3, ge=0, le=20,
+        description="Served engines: retries of a request that timed out, could not connect or got HTTP 429/5xx "
+        "(exponential backoff, on the next URL); then synthesis stops with exit 4, keeping every finished answer.",
+    )
+    startup_timeout_s: float = Field(600.0, gt=0, description="`engine: vllm`: seconds to wait for the server's /health.")
+    temperature: float = Field(
+        0.0, ge=0, le=10,
+        description="Sampling temperature of the answers; 0 = greedy (the default). Part of the data fingerprint.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (with temperature > 0). Part of the data fingerprint.")
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1,
+        description="Sampling seed (with temperature > 0): served engines get seed + a per-answer offset in every "
+        "request; in-process generation seeds each batch. Part of the data fingerprint.",
+    )
+    probe_prompts: int = Field(
+        2, ge=1, le=64,
+        description="Served engines: prompts whose greedy answers must equal the in-process target's before bulk work "
+        "(refuses an endpoint that serves another model or chat template, naming the first differing token).",
+    )
+    probe_tokens: int = Field(16, ge=1, le=1024, description="Served engines: answer tokens compared per probe prompt.")
+    request_extra: dict[str, Any] = Field(
+        default_factory=lambda: {"return_token_ids": True},
+        description="Extra fields of every served request. `return_token_ids: true` makes vLLM (>= 0.10) and SGLang "
+        "return the answer's token ids; trtllm-serve refuses unknown fields, so give `{}` there: the answer text is "
+        "then tokenized (and the probe checks the result equals the target's tokens).",
+    )
+
+    @model_validator(mode="after")
+    def _urls_for_url(self) -> "SynthesisSpec":
+        if self.engine == "url" and not self.urls:
+            raise ValueError("engine: url needs `urls: [http://host:port, ...]`")
+        if self.engine != "url" and self.urls:
+            raise ValueError(f"urls are only read with engine: url (engine is {self.engine}); set engine: url or drop urls")
+        bad = [u for u in self.urls if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
+        if bad:
+            raise ValueError(f"not an http(s) base URL: {bad[0]!r}; give e.g. http://127.0.0.1:8000")
+        return self
+
+
 class TrainSpec(_Strict):
     """Train a new EAGLE-3 head with Model Optimizer (self-distillation from the target)."""
 
@@ -72,11 +133,17 @@ class TrainSpec(_Strict):
     )
     synthesize: bool = Field(
         True,
-        description="Generate the responses with the target itself (greedy, batched, cached on disk by fingerprint, "
-        "resumable). The head then learns what the target really says. `false`: use the `assistant` turns in the file.",
+        description="Generate the responses with the target itself (greedy by default, cached on disk by fingerprint, "
+        "resumable; engine in `synthesis`). Multi-turn `messages` get every assistant turn regenerated in order. The head "
+        "then learns what the target really says. `false`: use the `assistant` turns in the file.",
     )
     max_new_tokens: int = Field(128, ge=1, le=8192, description="Longest synthesized response, in tokens.")
-    synthesis_batch_size: int = Field(32, ge=1, le=4096, description="Prompts generated together (left-padded) during synthesis.")
+    synthesis: SynthesisSpec = Field(
+        default_factory=SynthesisSpec,
+        description="Where the answers come from (with `synthesize: true`): in-process generate, the project's own vLLM, "
+        "or your OpenAI-compatible URLs; sampling settings; concurrency, timeouts, retries. See docs/training.md.",
+    )
+    synthesis_batch_size: int = Field(32, ge=1, le=4096, description="`engine: inprocess`: prompts generated together (left-padded) during synthesis.")
     texts: list[str] = Field(
         default_factory=list,
         description="Extra teacher-forced text (`builtin:NAME`, JSONL or plain-text files, or `python:docs`: the Python "

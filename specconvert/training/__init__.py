@@ -1,8 +1,10 @@
 """Training a new EAGLE-3 head for a target (recipe block ``draft.train``).
 
-- :mod:`.data`: training sequences (token ids + response-only loss masks): prompts
-  answered by the target itself (batched greedy synthesis, cached and resumable)
-  plus teacher-forced text.
+- :mod:`.data`: training sequences (token ids + loss masks on the answers): prompts
+  answered by the target itself (every turn of a conversation in order) plus
+  teacher-forced text.
+- :mod:`.answers`: where the answers come from (in-process ``generate``, the project's
+  own vLLM, the user's URLs), with the cache, resume, probe and fingerprint they share.
 - :mod:`.vocab`: draft-vocabulary calibration (``d2t``) from token frequencies.
 - :mod:`.trainer`: the loop over Model Optimizer's EAGLE-3 training forward in its
   offline mode (target features computed here, once, and reused across epochs),

@@ -4,9 +4,12 @@ Two sources, both run through the target so the head learns the target's own
 distribution (the EAGLE loss distils the target's logits at masked positions):
 
 - **synthesis**: prompts (chat template applied when the tokenizer has one) answered
-  by the target greedily, in left-padded batches. Every finished batch is appended to
-  a JSONL cache named by a fingerprint of (target, prompts, settings), so a rerun
-  costs nothing and an interrupted one resumes where it stopped.
+  by the target, through an answer source (:mod:`.answers`: in-process ``generate``,
+  the project's vLLM or the user's URLs). Every finished answer is appended to a JSONL
+  cache named by a fingerprint of (target, prompts, settings), so a rerun costs nothing
+  and an interrupted one resumes where it stopped. A conversation with several user
+  turns has every assistant turn regenerated in order, each conditioned on the
+  target's own earlier answers, with loss on all of them.
 - **teacher-forced text** (``draft.train.texts``): chunks of text, loss on every token.
   One target forward per chunk, several times cheaper per token than generating.
 
@@ -17,8 +20,6 @@ belongs to the response.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,11 @@ class DataReport:
     prompts: int = 0
     synthesized_tokens: int = 0
     synthesis_s: float = 0.0
-    synthesis_cached: int = 0  # prompts whose response came from the cache
+    synthesis_cached: int = 0  # answers that came from the cache
+    synthesis_engine: str = ""
+    answers: int = 0  # assistant turns synthesized (several per multi-turn sample)
+    conversations_cut: int = 0  # multi-turn samples ended early: an answer reached max_new_tokens
+    probe_tokens: int = 0  # answer tokens a served engine matched the in-process target on
     text_tokens: int = 0
     text_s: float = 0.0
     sequences: int = 0
@@ -110,6 +115,12 @@ def text_sequences(token_ids: Sequence[int], seq_len: int) -> list[TrainSequence
     return out
 
 
+def prompts_for_key(samples: list[dict[str, Any]], tokenizer: Any) -> list[list[int]]:
+    """First-turn prompt ids of every sample (what the synthesis cache key holds)."""
+    return [prompt_ids({"messages": t[0]}, tokenizer) if t[0] else prompt_ids(s, tokenizer)
+            for s, t in ((s, user_turns(s)) for s in samples)]
+
+
 def fingerprint(*parts: Any) -> str:
     """A short key for cache file names (the manifest's canonical hash of ``parts``)."""
     from ..manifest import canonical_hash
@@ -118,31 +129,6 @@ def fingerprint(*parts: Any) -> str:
 
 
 # --------------------------------------------------------------------------- synthesis
-
-
-def _read_cache(path: Path) -> tuple[dict[int, list[int]], int]:
-    """Responses in the synthesis cache and the byte length of its complete lines.
-
-    Reading stops at the first line that is cut (no newline: an interruption mid-write)
-    or unreadable; everything after it is redone.
-    """
-    done: dict[int, list[int]] = {}
-    if not path.is_file():
-        return done, 0
-    data = path.read_bytes()
-    end = 0
-    while True:
-        newline = data.find(b"\n", end)
-        if newline < 0:
-            break
-        try:
-            row = json.loads(data[end:newline].decode("utf-8"))
-            response = [int(t) for t in row["r"]]
-            done[int(row["i"])] = response
-        except (ValueError, KeyError, TypeError):
-            break
-        end = newline + 1
-    return done, end
 
 
 def synthesize(
@@ -155,55 +141,175 @@ def synthesize(
     cache_file: Path,
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[list[list[int]], int]:
-    """Greedy responses of ``model`` to ``prompts``; returns (responses, how many came from the cache).
+    """Greedy in-process answers of ``model`` to ``prompts``; returns (answers, how many came from the cache).
 
-    Prompts run longest first in left-padded batches; each finished batch is appended to
-    ``cache_file`` so an interrupted run resumes. A response ends with its stop token.
+    The in-process source through the answers interface (cache appended answer by answer, resumable).
     """
-    import torch
+    from .answers import GREEDY, AnswerCache, answer_all
+    from .answers.inprocess import InProcessSource
 
-    done, complete = _read_cache(cache_file)
-    cached = sum(1 for i in range(len(prompts)) if i in done)
-    todo = sorted((i for i in range(len(prompts)) if i not in done), key=lambda i: -len(prompts[i]))
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    if cache_file.is_file() and cache_file.stat().st_size > complete:
-        # Appending after a cut line would hide every later line from the next read: cut it off first.
-        os.truncate(cache_file, complete)
-    device = next(model.parameters()).device
+    cache = AnswerCache(cache_file)
+    keys = [(i, 0) for i in range(len(prompts))]
+    cached = sum(1 for key in keys if key in cache)
+    got = answer_all(InProcessSource(model, stop_ids, pad_id, batch_size), dict(zip(keys, prompts)), cache,
+                     max_new_tokens, GREEDY, on_batch)
+    return [got[key] for key in keys], cached
+
+
+def user_turns(sample: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The messages of each turn the target answers: the runs of non-assistant messages between assistant ones
+    (the given assistant messages are dropped: synthesis regenerates them). A ``prompt`` sample is one turn."""
+    if "messages" not in sample:
+        return [[]]
+    runs: list[list[dict[str, Any]]] = [[]]
+    for message in sample["messages"]:
+        if message.get("role") == "assistant":
+            if runs[-1]:
+                runs.append([])
+            continue
+        runs[-1].append(dict(message))
+    return [run for run in runs if run] or [[]]
+
+
+def render(messages: list[dict[str, Any]], tokenizer: Any, generation_prompt: bool) -> str:
+    """A conversation as the text the target sees: its chat template, else ``role: content`` lines."""
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+    return sample_text({"messages": messages}, None) + ("\nassistant: " if generation_prompt else "")
+
+
+def next_turn_prompt(context: list[int], answer: list[int], history: list[dict[str, Any]], turn: list[dict[str, Any]],
+                     tokenizer: Any, stop_ids: Sequence[int], where: str) -> tuple[list[int], list[dict[str, Any]]]:
+    """The prompt of the next turn: ``context`` + the target's own ``answer`` (kept token for token) + the template
+    text from the end of that answer to the next assistant cue (the user turn in between).
+
+    Returns (prompt ids, the conversation so far as messages). The bridge is found by rendering the
+    conversation before and after the new user turn: a template that renders earlier turns
+    differently once a later one follows (it is not prefix-stable) is refused.
+    """
     stops = set(int(s) for s in stop_ids)
-    with open(cache_file, "a", encoding="utf-8") as fh:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start: start + batch_size]
-            width = max(len(prompts[i]) for i in batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                attn[row, width - len(prompts[i]):] = 1
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=attn.to(device),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    temperature=None,
-                    top_p=None,
-                    top_k=None,
-                    eos_token_id=sorted(stops) or None,
-                    pad_token_id=pad_id,
-                )
-            for row, i in enumerate(batch):
-                response = []
-                for token in out[row, width:].tolist():
-                    response.append(int(token))
-                    if token in stops:
-                        break
-                done[i] = response
-                fh.write(json.dumps({"i": i, "r": response}) + "\n")
-            fh.flush()
-            if on_batch:
-                on_batch(len(batch))
-    return [done[i] for i in range(len(prompts))], cached
+    content = tokenizer.decode([t for t in answer if t not in stops], skip_special_tokens=True)
+    answered = history + [{"role": "assistant", "content": content}]
+    before = render(history, tokenizer, True)
+    closed = render(answered, tokenizer, False)
+    opened = render(answered + turn, tokenizer, True)
+    if not (closed.startswith(before) and opened.startswith(closed)):
+        raise InputError(
+            f"{where}: the chat template renders earlier turns differently once a later turn follows, so the "
+            "answers cannot be regenerated turn by turn",
+            fix="give single-turn samples (one user turn each), or synthesize: false",
+        )
+    tail = closed[len(before):]  # the answer as rendered, with what the template closes a turn with
+    stop_text = tokenizer.decode([answer[-1]], skip_special_tokens=False) if answer and answer[-1] in stops else ""
+    cut = tail.rfind(stop_text) if stop_text else -1
+    leftover = tail[cut + len(stop_text):] if cut >= 0 else ""  # e.g. ChatML's "\n" after <|im_end|>
+    bridge = list(tokenizer(leftover + opened[len(closed):], add_special_tokens=False)["input_ids"])
+    return list(context) + list(answer) + bridge, answered + turn
+
+
+def conversation_sequence(ids: Sequence[int], spans: Sequence[tuple[int, int]], seq_len: int,
+                          source: str) -> tuple[TrainSequence, bool]:
+    """``ids`` with loss on the predictions of every token inside ``spans`` ([start, end) answer positions)."""
+    mask = [0] * len(ids)
+    for start, end in spans:
+        for j in range(max(0, start - 1), min(end, len(ids)) - 1):
+            mask[j] = 1
+    return TrainSequence(list(ids[:seq_len]), mask[:seq_len], source), len(ids) > seq_len
+
+
+def synthesis_cache_key(target_fingerprint: str, first_prompts: list[list[int]], train: Any, stop_ids: Sequence[int],
+                        pad_id: int, turns: list[list[list[dict[str, Any]]]]) -> str:
+    """The synthesis cache's name: today's in-process greedy single-turn key unchanged (old caches stay valid);
+    served engines, sampling and later turns add their part."""
+    from .answers import Sampling, settings_key
+
+    synthesis = train.synthesis
+    sampling = Sampling(synthesis.temperature, synthesis.top_p, synthesis.seed)
+    extra = settings_key(synthesis.engine, sampling)
+    batch = [train.synthesis_batch_size, pad_id] if synthesis.engine == "inprocess" else ["served"]
+    parts: list[Any] = ["synthesis-v1", target_fingerprint, first_prompts, train.max_new_tokens, sorted(stop_ids), *batch]
+    if extra:
+        parts.append(extra)
+    later = [t[1:] for t in turns]
+    if any(later):
+        parts.append({"later_turns": later})
+    return fingerprint(*parts)
+
+
+def synthesize_conversations(train: Any, samples: list[dict[str, Any]], tokenizer: Any, source: Any, reference: Any,
+                             stop_ids: Sequence[int], cache_file: Path, progress: Any, world: Any,
+                             report: "DataReport") -> list[TrainSequence]:
+    """Answer every turn of every sample in order (turn t+1's prompt holds turn t's answer), through ``source``,
+    cached; returns one training sequence per sample with loss on every answer.
+
+    A served ``source`` is probed against ``reference`` (the in-process target) before its first request.
+    In a data-parallel launch the in-process source answers every ``world.size``-th prompt per process;
+    a served one is driven by process 0 alone.
+    """
+    from .answers import AnswerCache, Sampling, answer_all, probe
+    from .distributed import gather
+
+    synthesis = train.synthesis
+    sampling = Sampling(synthesis.temperature, synthesis.top_p, synthesis.seed)
+    turns = [user_turns(s) for s in samples]
+    histories: dict[int, list[dict[str, Any]]] = {i: t[0] for i, t in enumerate(turns)}
+    contexts = {(i, 0): (prompt_ids({"messages": t[0]}, tokenizer) if t[0] else prompt_ids(samples[i], tokenizer))
+                for i, t in enumerate(turns)}
+    cache = AnswerCache(cache_file)
+    answers: dict[tuple[int, int], list[int]] = {}
+    stops = set(int(s) for s in stop_ids)
+    active = list(range(len(samples)))
+    probed = False
+    turn = 0
+    while active:
+        keys = [(i, turn) for i in active]
+        if source.served:
+            mine = keys if world.main else []
+        else:
+            mine = [key for n, key in enumerate(keys) if n % world.size == world.rank]
+        todo = [key for key in mine if key not in cache]
+        if todo and source.served and not probed:
+            first = [contexts[(i, 0)] for i in range(min(synthesis.probe_prompts, len(samples)))]
+            for endpoint in source.endpoints():
+                report.probe_tokens += probe(endpoint, reference, first, synthesis.probe_tokens,
+                                             lambda t: tokenizer.decode([t], skip_special_tokens=False))
+            probed = True
+        label = f"synthesize answers ({source.describe()}" + (f", turn {turn + 1})" if turn else ")")
+        task = progress.add_task(label, total=len(mine))
+        progress.advance(task, len(mine) - len(todo))
+        got = answer_all(source, {key: contexts[key] for key in mine}, cache, train.max_new_tokens, sampling,
+                         lambda n: progress.advance(task, n))
+        for part, cached in gather((got, len(mine) - len(todo)), world):
+            answers.update(part)
+            report.synthesis_cached += cached
+        following = []
+        for i in active:
+            if turn + 1 >= len(turns[i]):
+                continue
+            answer = answers[(i, turn)]
+            if not answer or answer[-1] not in stops:
+                report.conversations_cut += 1  # an answer cut at max_new_tokens: what followed it never happened
+                continue
+            contexts[(i, turn + 1)], histories[i] = next_turn_prompt(
+                contexts[(i, turn)], answer, histories[i], turns[i][turn + 1], tokenizer, stop_ids,
+                f"draft.train.prompts sample {i + 1}")
+            following.append(i)
+        active = following
+        turn += 1
+    sequences = []
+    for i in range(len(samples)):
+        spans, last = [], 0
+        while (i, last) in answers:
+            start = len(contexts[(i, last)])
+            spans.append((start, start + len(answers[(i, last)])))
+            last += 1
+        ids = contexts[(i, last - 1)] + answers[(i, last - 1)]
+        seq, cut = conversation_sequence(ids, spans, train.seq_len, "synthesized")
+        report.synthesized_tokens += sum(end - start for start, end in spans)
+        report.answers += len(spans)
+        report.truncated += cut
+        sequences.append(seq)
+    return sequences
 
 
 # --------------------------------------------------------------------------- the dataset
@@ -227,11 +333,13 @@ def build_sequences(
     target_fingerprint: str,
     progress: Any,
     world: Any = None,
+    source: Any = None,
 ) -> tuple[list[TrainSequence], DataReport]:
     """All training sequences of a ``draft.train`` block (synthesis cached under ``cache_dir``).
 
-    In a data-parallel launch (``world``) each process synthesizes every ``world.size``-th
-    prompt into its own cache file and the shares are exchanged.
+    ``source``: where the answers come from (an ``answers.AnswerSource``; default in-process
+    ``generate`` with ``model``). In a data-parallel launch (``world``) each process synthesizes
+    every ``world.size``-th prompt into its own cache file and the shares are exchanged.
     """
     from .distributed import World, gather
 
@@ -239,40 +347,26 @@ def build_sequences(
     report = DataReport()
     samples = load_prompt_samples(train.prompts, "draft.train.prompts", base_dir)
     sequences: list[TrainSequence] = []
-    prompts = [prompt_ids(s, tokenizer) for s in samples]
-    report.prompts = len(prompts)
+    report.prompts = len(samples)
     if train.synthesize:
+        from .answers.inprocess import InProcessSource
+
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]
-        key = fingerprint("synthesis-v1", target_fingerprint, prompts, train.max_new_tokens, sorted(stop_ids),
-                          train.synthesis_batch_size, pad_id)
+        # The probe's reference answers one prompt at a time, unpadded, as a server does.
+        reference = InProcessSource(model, stop_ids, pad_id, 1)
+        key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
+                                  [user_turns(s) for s in samples])
         share = f"-part{world.rank}of{world.size}" if world.parallel else ""
-        cache_file = cache_dir / f"synthesis-{key}{share}.jsonl"
-        mine = list(range(world.rank, len(prompts), world.size))
+        report.synthesis_engine = train.synthesis.engine
         t0 = time.perf_counter()
-        task = progress.add_task(f"synthesize responses (batch {train.synthesis_batch_size})", total=len(mine))
-        already = len(_read_cache(cache_file)[0])
-        progress.advance(task, min(already, len(mine)))
-        my_responses, cached = synthesize(
-            model, [prompts[i] for i in mine], train.max_new_tokens, train.synthesis_batch_size, stop_ids, pad_id,
-            cache_file, on_batch=lambda n: progress.advance(task, n),
-        )
-        responses: list[list[int]] = [[] for _ in prompts]
-        report.synthesis_cached = 0
-        for indices, (part, part_cached) in zip(
-            (list(range(r, len(prompts), world.size)) for r in range(world.size)), gather((my_responses, cached), world)
-        ):
-            for i, response in zip(indices, part):
-                responses[i] = response
-            report.synthesis_cached += part_cached
+        source = source or InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
+        sequences.extend(synthesize_conversations(train, samples, tokenizer, source, reference, stop_ids,
+                                                  cache_dir / f"synthesis-{key}{share}.jsonl", progress, world, report))
         report.synthesis_s = time.perf_counter() - t0
-        for prompt, response in zip(prompts, responses):
-            seq, cut = response_sequence(prompt, response, train.seq_len, "synthesized")
-            report.synthesized_tokens += len(response)
-            report.truncated += cut
-            sequences.append(seq)
     else:
         missing = 0
-        for sample, prompt in zip(samples, prompts):
+        for sample in samples:
+            prompt = prompt_ids(sample, tokenizer)
             response = given_response_ids(sample, tokenizer)
             if not response:
                 missing += 1

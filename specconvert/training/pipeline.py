@@ -60,6 +60,10 @@ def preflight(recipe: Any, target_vocab: int) -> None:
         load_prompt_samples(spec, f"draft.train.texts[{n}]", recipe.base_dir)
     if train.eval_prompts:
         load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)
+    if train.synthesize and train.synthesis.engine == "vllm":
+        from ..backends.vllm import launch
+
+        launch.find_python(recipe.runtime, launch.project_roots(recipe.base_dir / "recipe.yaml"))  # exit 3 before any load
     size = vocab_size(recipe, target_vocab)
     if size > target_vocab:
         raise InputError(
@@ -136,13 +140,19 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         bar.advance(task)
     stop_ids = list(eos_ids(target_path, tokenizer))
     threads.apply_for_phase(recipe.runtime.threads, "synthesis")
-    with output.progress() as bar:
-        sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint, bar, world)
+    # A served source (a vLLM started here, or the user's URLs) lives only while the data is built: a started
+    # server is stopped, on every exit path, before training needs the memory.
+    with answer_source(recipe, target, tokenizer, stop_ids, target_path, target_dtype, cache) as source, \
+            output.progress() as bar:
+        sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint,
+                                          bar, world, source=source)
     if data.synthesized_tokens:
         rate = data.synthesized_tokens / data.synthesis_s if data.synthesis_s > 0 else 0.0
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
-        output.log(f"train data: {data.prompts} prompts, {data.synthesized_tokens} synthesized tokens in "
-                   f"{data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}); {data.text_tokens} teacher-forced text tokens")
+        probed = f"; probe: {data.probe_tokens} tokens equal to the in-process target's" if data.probe_tokens else ""
+        output.log(f"train data: {data.prompts} prompts, {data.answers} answers ({spec.synthesis.engine}), "
+                   f"{data.synthesized_tokens} synthesized tokens in {data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}{probed}); "
+                   f"{data.text_tokens} teacher-forced text tokens")
     train_set, holdout = split_holdout(sequences, spec.holdout_fraction, spec.seed)
     config = target.config
     vocab = calibrate(train_set, config.vocab_size, vocab_size(recipe, config.vocab_size), always=stop_ids)
@@ -158,7 +168,9 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         aux_layer_ids,
         arch.__dict__,
         dtype_name,
-        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens", "checkpoint_every"}),
+        # `synthesis` (engine, URLs, sampling) shapes the data, and the data is in this key already.
+        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens",
+                                              "checkpoint_every", "synthesis"}),
     )
     features = FeatureExtractor(target, aux_layer_ids)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
@@ -181,6 +193,18 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
                        f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
     return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size)
+
+
+def answer_source(recipe: Any, model: Any, tokenizer: Any, stop_ids: list[int], target_path: Path, target_dtype: str,
+                  log_dir: Path) -> Any:
+    """The ``draft.train.synthesis`` source, as a context manager (in-process ``generate`` when not synthesizing)."""
+    from .answers import open_source
+
+    spec = recipe.draft.train
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]
+    engine_spec = spec.synthesis if spec.synthesize else spec.synthesis.model_copy(update={"engine": "inprocess", "urls": []})
+    return open_source(engine_spec, model, tokenizer, stop_ids, pad_id, spec.synthesis_batch_size, target_path,
+                       target_dtype, recipe, log_dir)
 
 
 def _log_history(trainer: Trainer, step: int) -> None:

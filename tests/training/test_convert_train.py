@@ -131,3 +131,48 @@ def test_old_model_optimizer_refuses_to_train_before_loading_anything(cli, tmp_p
     assert result.code == 3
     assert "needs Model Optimizer >= 0.43" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_convert_synthesizes_through_a_url_and_refuses_an_unreachable_one(cli, tmp_path, target):
+    """engine: url end to end: the answers come over HTTP (probed first); a dead URL is one line, exit 4, nothing written."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specconvert.serving.process import free_port
+    from specconvert.training.answers import GREEDY
+    from specconvert.training.answers.inprocess import InProcessSource
+    from tests.helpers.openai_double import Double
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    bad = cli("convert", recipe(tmp_path / "dead", target, steps=2,
+                                extra=f"    synthesis: {{engine: url, urls: ['{dead}'], retries: 0}}"))
+    assert bad.code == 4, bad.stderr
+    assert "not reachable" in bad.stderr and dead in bad.stderr and "Traceback" not in bad.stderr
+    assert not list((tmp_path / "dead").rglob("manifest.json"))
+    assert not list((tmp_path / "dead").rglob("synthesis-*.jsonl"))
+
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    local = InProcessSource(model, [255], 0, 1)
+
+    def answer(prompt, max_tokens):
+        got = {}
+        local.answer([((0, 0), prompt)], max_tokens, GREEDY, lambda k, a: got.setdefault(k, a))
+        return got[(0, 0)]
+
+    with Double(answer) as double:
+        done = cli("convert", recipe(tmp_path / "url", target, steps=2, eval_samples=1,
+                                     extra=f"    synthesis: {{engine: url, urls: ['{double.url}'], concurrency: 4}}"), "--json")
+    assert done.code == 0, done.stderr
+    data = done.json()["manifest"]["training"]["data"]
+    assert data["synthesis_engine"] == "url" and data["probe_tokens"] > 0 and data["answers"] == 48
+    assert len(double.requests) == 48 + 2  # every prompt once, plus the probe's two
+
+
+def test_engine_vllm_without_vllm_stops_before_loading_anything(cli, tmp_path, target):
+    path = recipe(tmp_path, target, steps=2, extra="    synthesis: {engine: vllm}")
+    text = path.read_text().replace("runtime:\n", f"runtime:\n  vllm_python: {tmp_path / 'no-such-python'}\n")
+    path.write_text(text)
+    result = cli("convert", path)
+    assert result.code == 3, result.stderr
+    assert "no Python with vLLM" in result.stderr and "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("synthesis-*.jsonl")) and not list(tmp_path.rglob("manifest.json"))

