@@ -221,3 +221,17 @@ def test_bad_prompt_lists_exit_2_with_one_line(cli, tmp_path, target_dir, prompt
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+def test_in_a_data_parallel_launch_process_0_writes_and_the_others_receive(tmp_path, monkeypatch):
+    """Sampling on two devices need not agree bit for bit: the others must take process 0's list, not write their own."""
+    from specconvert.training import distributed
+    from specconvert.training.distributed import World
+
+    mine = [{"messages": [{"role": "user", "content": "from process 0"}]}]
+    sent = []
+    monkeypatch.setattr(distributed, "gather", lambda obj, world: sent.append(obj) or [mine, obj])
+    model = SimpleNamespace(generate=lambda *a, **k: pytest.fail("process 1 sampled prompts"))
+    samples = load_prompt_sets(_train(["self:4"]), tmp_path, model, chat_tokenizer(), STOPS, tmp_path / "cache", "t",
+                               world=World(rank=1, size=2))
+    assert samples == mine and sent == [None] and not (tmp_path / "cache").exists()
