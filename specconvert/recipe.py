@@ -123,13 +123,42 @@ class SynthesisSpec(_Strict):
         return self
 
 
+class SelfPromptsSpec(_Strict):
+    """How the target writes its own prompts for a `self:N` entry of `draft.train.prompts` (the Magpie method)."""
+
+    temperature: float = Field(
+        1.0, gt=0, le=2, description="Sampling temperature of the written prompts (Magpie's scripts use 0.7-1.1)."
+    )
+    top_p: float = Field(0.99, gt=0, le=1, description="Nucleus sampling of the written prompts (Magpie's scripts use 0.99-1).")
+    min_tokens: int = Field(4, ge=1, description="Shortest prompt kept, in target tokens.")
+    max_tokens: int = Field(
+        128, ge=2, le=4096, description="Longest prompt kept, in target tokens; a prompt whose turn has not ended by then is dropped."
+    )
+    batch_size: int = Field(32, ge=1, le=4096, description="Prompts sampled together.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "SelfPromptsSpec":
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"draft.train.self_prompts.min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens})")
+        return self
+
+
+_SELF_SPEC = re.compile(r"self:[1-9][0-9]*")
+
+
 class TrainSpec(_Strict):
     """Train a new EAGLE-3 head with Model Optimizer (self-distillation from the target)."""
 
-    prompts: str = Field(
+    prompts: Union[str, list[str]] = Field(
         "builtin:chat-train",
-        description="Training prompts: `builtin:NAME` or a JSONL file of `{\"messages\": [...]}` (chat template applied "
-        "when the tokenizer has one) or `{\"prompt\": ...}`. Never the evaluation set.",
+        description="Training prompts, one set or a list mixed in order: `builtin:NAME`; a JSONL file (or a JSON array) "
+        "of OpenAI `{\"messages\": [...]}`, ShareGPT `{\"conversations\": [{\"from\": \"human\", \"value\": ...}]}` "
+        "(chat template applied when the tokenizer has one; every turn kept) or plain `{\"prompt\": ...}` rows; or "
+        "`self:N`: N prompts the target writes itself (seeded, deduplicated, filtered; see `self_prompts`). "
+        "Never the evaluation set.",
+    )
+    self_prompts: SelfPromptsSpec = Field(
+        default_factory=SelfPromptsSpec, description="Sampling and filters of the `self:N` prompts the target writes."
     )
     synthesize: bool = Field(
         True,
@@ -187,6 +216,19 @@ class TrainSpec(_Strict):
     eval_samples: int = Field(16, ge=1, description="Evaluation prompts used (the first N).")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
     seed: int = Field(0, description="Seed of data order, head init and holdout split.")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompt_sets(cls, value: Union[str, list[str]]) -> Union[str, list[str]]:
+        specs = [value] if isinstance(value, str) else value
+        if not specs:
+            raise ValueError("draft.train.prompts is an empty list: give at least one prompt set, e.g. builtin:chat-train")
+        for spec in specs:
+            if spec.startswith("self:") and not _SELF_SPEC.fullmatch(spec):
+                raise ValueError(f"draft.train.prompts: '{spec}' needs a whole number of prompts of at least 1, e.g. self:2000")
+        if sum(spec.startswith("self:") for spec in specs) > 1:
+            raise ValueError("draft.train.prompts: give one self:N entry (its N is the total the target writes)")
+        return value
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainSpec":

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InputError
 from ..prompts import load_samples, sample_text
+from .prompt_sets import load_prompt_sets
 
 
 @dataclass
@@ -345,7 +346,7 @@ def build_sequences(
 
     world = world or World()
     report = DataReport()
-    samples = load_prompt_samples(train.prompts, "draft.train.prompts", base_dir)
+    samples = load_prompt_sets(train, base_dir, model, tokenizer, stop_ids, cache_dir, target_fingerprint, progress, world)
     sequences: list[TrainSequence] = []
     report.prompts = len(samples)
     if train.synthesize:

@@ -17,6 +17,7 @@ from .. import output, threads
 from .._imports import require
 from ..errors import EnvironmentMissing, InputError
 from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
+from .prompt_sets import check_prompt_sets, prompt_specs
 from .trainer import FeatureExtractor, Trainer, TrainResult, build_train_model
 from .vocab import DraftVocab, calibrate
 
@@ -55,7 +56,7 @@ def preflight(recipe: Any, target_vocab: int) -> None:
             f"training a head needs Model Optimizer >= 0.43 (installed: {modelopt_version()})",
             fix="pip install 'nvidia-modelopt>=0.43', or import a trained head with draft.model",
         )
-    load_prompt_samples(train.prompts, "draft.train.prompts", recipe.base_dir)
+    check_prompt_sets(train, recipe.base_dir)
     for n, spec in enumerate(train.texts):
         load_prompt_samples(spec, f"draft.train.texts[{n}]", recipe.base_dir)
     if train.eval_prompts:
@@ -93,7 +94,7 @@ def data_fingerprint(recipe: Any) -> dict[str, Any]:
     from ..prompts import source_path
 
     train = recipe.draft.train
-    specs = [train.prompts, *train.texts] + ([train.eval_prompts] if train.eval_prompts else [])
+    specs = [*prompt_specs(train.prompts), *train.texts] + ([train.eval_prompts] if train.eval_prompts else [])
     out: dict[str, Any] = {}
     for spec in specs:
         path = source_path(spec, "draft.train", recipe.base_dir)

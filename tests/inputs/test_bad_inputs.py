@@ -193,7 +193,7 @@ ROWS = [
     Row("disk-full-while-copying", disk_full, "no space left on the device"),
     Row("calib-prompts-missing", calib("missing.jsonl", None), "does not exist"),
     Row("calib-prompts-not-utf8", calib("calib.txt", b"caf\xe9 au lait\n"), "is not utf-8 text"),
-    Row("calib-messages-a-string", calib("calib.jsonl", b'{"messages": "hello"}\n'), "'messages' is a str"),
+    Row("calib-messages-a-string", calib("calib.jsonl", b'{"messages": "hello"}\n'), "'messages' is a json string"),
     Row("calib-builtin-traversal", builtin_traversal, "no built-in set"),
     Row("gguf-not-a-gguf-file", gguf_spec("gguf://json/__init__.py"), "is not a gguf file"),
     Row("gguf-dotted-package-not-imported", gguf_spec("gguf://this.zen/x.gguf"), "not the name of a top-level"),

@@ -1,7 +1,10 @@
-"""Prompt and text sets: ``builtin:NAME`` (shipped under ``specconvert/data/prompts``) or a file.
+"""Prompt and text sets: ``builtin:NAME`` (shipped under ``specconvert/data/prompts``), ``python:docs`` or a file.
 
-A file is JSONL (one object per line with ``text``, ``prompt`` or ``messages``) or plain
-text (one sample per blank-line-separated paragraph).
+A file is JSONL (one object per line), a JSON array of the same objects (``.json``, how
+the ShareGPT dumps ship), or plain text (one sample per blank-line-separated paragraph).
+Each object is read by the reader of its format (:mod:`.formats`: OpenAI ``messages``,
+ShareGPT ``conversations``, ``prompt``, ``text``). ``self:N`` (prompts the target writes,
+``draft.train.prompts`` only) is parsed here and generated in ``training/self_prompts.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
+from .formats import RowError, json_type, read_row
 
-_BUILTIN_DIR = Path(__file__).parent / "data" / "prompts"
+_BUILTIN_DIR = Path(__file__).parent.parent / "data" / "prompts"
+SELF_PREFIX = "self:"
 
 
 def builtin_names() -> list[str]:
@@ -31,9 +36,22 @@ def _python_docs() -> list[dict[str, Any]]:
     return [{"text": topics[name]} for name in sorted(topics)]
 
 
+def self_count(spec: str, key: str) -> int | None:
+    """N of a ``self:N`` spec (None for any other spec); ``self:0`` or ``self:x`` is bad input."""
+    if not spec.startswith(SELF_PREFIX):
+        return None
+    value = spec[len(SELF_PREFIX):].strip()
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"{key}: '{spec}' needs a whole number of prompts of at least 1",
+                         fix="write self:N, e.g. self:2000, or remove it")
+    return int(value)
+
+
 def source_path(spec: str, key: str, base_dir: Path) -> Path | None:
-    """The file behind a sample-set spec (None for ``python:docs``, which is not a file)."""
+    """The file behind a sample-set spec (None for ``python:docs`` and ``self:N``, which are not files)."""
     if spec == PYTHON_DOCS:
+        return None
+    if self_count(spec, key) is not None:
         return None
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
@@ -50,7 +68,14 @@ def source_path(spec: str, key: str, base_dir: Path) -> Path | None:
 
 
 def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
-    """Samples as dicts with one of ``text`` / ``prompt`` / ``messages``."""
+    """Samples as dicts with one of ``text`` / ``prompt`` / ``messages`` (and the row's ``id``).
+
+    Every row is read before anything else happens: a bad one stops the run here, naming
+    the file and line, so no cache is ever started from a half-read file.
+    """
+    if self_count(spec, key) is not None:
+        raise InputError(f"{key}: '{spec}' (prompts the target writes) is only read by draft.train.prompts",
+                         fix="give builtin:NAME or a file here")
     path = source_path(spec, key, base_dir)
     if path is None:
         return _python_docs()
@@ -67,13 +92,17 @@ def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{key}: {path}:{number} is not valid JSON ({exc.msg})", fix="one JSON object per line") from None
-            if not isinstance(item, dict) or not ({"text", "prompt", "messages"} & set(item)):
-                raise InputError(f"{key}: {path}:{number} needs a 'text', 'prompt' or 'messages' field", fix='e.g. {"prompt": "..."}')
-            problem = _messages_problem(item.get("messages")) if "messages" in item else None
-            if problem:
-                raise InputError(f"{key}: {path}:{number}: 'messages' {problem}",
-                                 fix='write a list of {"role": ..., "content": "..."} objects, or use "prompt" for plain text')
-            samples.append(item)
+            samples.append(_read(item, key, f"{path}:{number}"))
+    elif path.suffix == ".json":
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{key}: {path}:{exc.lineno} is not valid JSON ({exc.msg})",
+                             fix="a JSON array of objects (or JSONL: one object per line)") from None
+        if not isinstance(items, list):
+            raise InputError(f"{key}: {path} holds a JSON {json_type(items)}, not an array of samples",
+                             fix="a JSON array of objects (or JSONL: one object per line)")
+        samples = [_read(item, key, f"{path} item {n}") for n, item in enumerate(items)]
     else:
         samples = [{"text": block.strip()} for block in text.split("\n\n") if block.strip()]
     if not samples:
@@ -81,18 +110,11 @@ def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
     return samples
 
 
-def _messages_problem(messages: Any) -> str | None:
-    """Why ``messages`` is not a chat (None when it is): caught while reading, not after a model loads."""
-    if not isinstance(messages, list):
-        return f"is a {type(messages).__name__}, not a list of messages"
-    for n, message in enumerate(messages):
-        if not isinstance(message, dict):
-            return f"item {n} is a {type(message).__name__}, not an object with role and content"
-        content = message.get("content", "")
-        parts_ok = isinstance(content, list) and all(isinstance(part, dict) for part in content)  # OpenAI content parts
-        if not isinstance(message.get("role", "user"), str) or not (isinstance(content, str) or parts_ok):
-            return f"item {n} needs a string 'role' and a string 'content'"
-    return None
+def _read(item: Any, key: str, where: str) -> dict[str, Any]:
+    try:
+        return read_row(item)
+    except RowError as exc:
+        raise InputError(f"{key}: {where}: {exc.problem}", fix=exc.fix) from None
 
 
 def sample_text(sample: dict[str, Any], tokenizer: Any = None) -> str:
