@@ -188,6 +188,25 @@ class DraftSpec(_Strict):
         return self
 
 
+class AcceptanceDropSpec(_Strict):
+    """The largest acceptance loss a quantized target may cost (a CI gate: convert exits 1 beyond it)."""
+
+    tau: float | None = Field(
+        None, ge=0, description="Largest allowed drop in tau (unquantized target minus quantized target, same head, "
+        "same prompts), on every measured draft shape."
+    )
+    relative: float | None = Field(
+        None, ge=0, le=1, description="Largest allowed drop as a fraction of the unquantized target's tau (0.1 = 10%), "
+        "on every measured draft shape."
+    )
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> "AcceptanceDropSpec":
+        if self.tau is None and self.relative is None:
+            raise ValueError("give quantize.max_acceptance_drop.tau, .relative, or both")
+        return self
+
+
 class QuantizeSpec(_Strict):
     """Optional post-training quantization of the target with Model Optimizer."""
 
@@ -199,6 +218,28 @@ class QuantizeSpec(_Strict):
     calib_samples: int = Field(64, ge=1, description="Calibration prompts.")
     calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
     calib_prompts: str = Field("builtin:calib", description="`builtin:NAME` or a JSONL/text file of calibration text.")
+    eval_prompts: str | None = Field(
+        "builtin:chat-eval",
+        description="Held-out prompts on which convert measures the head's acceptance twice, on the unquantized target "
+        "and on Model Optimizer's fake-quantized target from the same calibration (reference decoder, greedy, same "
+        "settings); null to skip. When they equal `draft.train`'s evaluation settings the training evaluation is the "
+        "unquantized pass.",
+    )
+    eval_samples: int = Field(16, ge=1, description="Evaluation prompts used for the quantization check (the first N).")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per prompt in the quantization check.")
+    max_acceptance_drop: AcceptanceDropSpec | None = Field(
+        None,
+        description="Gate: convert exits 1 when the quantized target's tau falls further below the unquantized "
+        "target's than this (absolute `tau`, `relative`, or both). Unset: the drop is still measured and reported.",
+    )
+
+    @model_validator(mode="after")
+    def _gate_needs_measurement(self) -> "QuantizeSpec":
+        if self.max_acceptance_drop is not None and self.format == "none":
+            raise ValueError("quantize.max_acceptance_drop gates a quantized target: set quantize.format (fp8, int4_awq, nvfp4) or remove it")
+        if self.max_acceptance_drop is not None and not self.eval_prompts:
+            raise ValueError("quantize.max_acceptance_drop needs the measurement: set quantize.eval_prompts (e.g. builtin:chat-eval)")
+        return self
 
 
 class TreeSpec(_Strict):
