@@ -74,6 +74,10 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
         check_shapes(recipe.quantize.format, config)
         # read now so a missing or malformed file stops the run before the target loads
         load_samples(recipe.quantize.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
+        if recipe.quantize.eval_prompts:
+            from ..training.data import load_prompt_samples
+
+            load_prompt_samples(recipe.quantize.eval_prompts, "quantize.eval_prompts", recipe.base_dir)
 
     warnings: list[str] = []
     head = head_source = head_layout = None

@@ -176,3 +176,26 @@ def test_gate_table(tau, relative, drop, rel_drop, failures):
     figures = {"chain-3": {"tau_unquantized": 2.0, "tau_quantized": 2.0 - drop, "tau_drop": drop, "relative_drop": rel_drop}}
     verdict = gate(figures, AcceptanceDropSpec(tau=tau, relative=relative))
     assert len(verdict["failures"]) == failures and verdict["passed"] is (failures == 0)
+
+
+@pytest.mark.parametrize("quantize, code, message", [
+    ("quantize:\n  format: nvfp4\n", 3, "calibrates only on a CUDA GPU"),
+    ("quantize:\n  format: fp8\n  eval_prompts: missing.jsonl\n", 2, "quantize.eval_prompts"),
+    ("quantize:\n  format: fp8\n  calib_prompts: missing.jsonl\n", 2, "quantize.calib_prompts"),
+], ids=["nvfp4-on-cpu", "eval-prompts-missing", "calib-prompts-missing"])
+def test_refused_before_any_calibration_and_nothing_written(cli, tmp_path, constant_pair, monkeypatch, quantize, code, message):
+    from specconvert.backends.modelopt import quantize as mq
+
+    def never(*args, **kwargs):
+        raise AssertionError("calibration started")
+
+    monkeypatch.setattr(mq, "quantize", never)
+    target, head = constant_pair
+    path = write_recipe(tmp_path / "recipe.yaml", f"name: tiny\ntarget:\n  model: {target}\ndraft:\n  model: {head}\n"
+                                                  f"runtime:\n  device: cpu\n{quantize}")
+    result = cli("convert", path)
+    assert result.code == code, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Fix:" in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
