@@ -120,6 +120,13 @@ class TrainSpec(_Strict):
     eval_samples: int = Field(16, ge=1, description="Evaluation prompts used (the first N).")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
     seed: int = Field(0, description="Seed of data order, head init and holdout split.")
+    features: Literal["unquantized", "quantized"] = Field(
+        "unquantized",
+        description="Which target the head learns from. `quantized`: after synthesis (answers by the unquantized target), "
+        "the in-memory target is fake-quantized with Model Optimizer on `quantize`'s calibration (the same as convert's "
+        "export), so the features and distillation targets are the ones the deployed quantized target produces. Needs "
+        "`quantize.format`.",
+    )
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainSpec":
@@ -620,6 +627,13 @@ class Recipe(_Strict):
 
     # Not part of the schema: where the recipe was read from (for relative paths).
     _base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _quantized_features_need_a_format(self) -> "Recipe":
+        if self.draft.train is not None and self.draft.train.features == "quantized" and self.quantize.format == "none":
+            raise ValueError("draft.train.features: quantized trains on the quantized target's features: set "
+                             "quantize.format (fp8, int4_awq, nvfp4), or use draft.train.features: unquantized")
+        return self
 
     @property
     def base_dir(self) -> Path:

@@ -195,6 +195,7 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
         extra = {}
         if trained is not None:
             extra["training"] = trained.manifest_section()
+            extra["training"]["features"] = recipe.draft.train.features
             # On the source weights: a quantized export does not load back into transformers as it runs
             # (its FP8/INT4 weights would be read without their scales); for `none` they are the same bytes.
             extra["training"]["evaluation"] = _evaluate(recipe, p, p.target.path, staging.path / "draft", timings)
@@ -338,21 +339,15 @@ def _load_target(recipe: Recipe, p: ConvertPlan, device: str):
 def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], check: Any = None) -> dict[str, Any]:
     """Calibrate, run ``check`` on the fake-quantized model (the acceptance check), export."""
     from ..backends.modelopt import quantize as mq
-    from ..prompts import load_samples, sample_text
 
     torch = require("torch")
     q = recipe.quantize
     device = _device(recipe)
     model, tokenizer = _load_target(recipe, p, device)
-    samples = load_samples(q.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
-    texts = [sample_text(samples[i % len(samples)], tokenizer) for i in range(q.calib_samples)]
-    batches = [
-        tokenizer(text, return_tensors="pt", truncation=True, max_length=q.calib_seq_len)["input_ids"] for text in texts
-    ]
     t0 = time.perf_counter()
     with output.progress() as bar:
-        task = bar.add_task(f"calibrate {q.format}", total=len(batches))
-        mq.quantize(model, q.format, batches, on_batch=lambda: bar.advance(task))
+        task = bar.add_task(f"calibrate {q.format}", total=q.calib_samples)
+        mq.calibrate(model, tokenizer, q, recipe.base_dir, on_batch=lambda: bar.advance(task))
     timings["calibrate_s"] = round(time.perf_counter() - t0, 3)
     acceptance = check(model) if check else None
     t0 = time.perf_counter()

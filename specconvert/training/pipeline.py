@@ -142,6 +142,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
         output.log(f"train data: {data.prompts} prompts, {data.synthesized_tokens} synthesized tokens in "
                    f"{data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}); {data.text_tokens} teacher-forced text tokens")
+    if spec.features == "quantized":
+        _quantize_target(recipe, target, tokenizer)
     train_set, holdout = split_holdout(sequences, spec.holdout_fraction, spec.seed)
     config = target.config
     vocab = calibrate(train_set, config.vocab_size, vocab_size(recipe, config.vocab_size), always=stop_ids)
@@ -157,7 +159,12 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         aux_layer_ids,
         arch.__dict__,
         dtype_name,
-        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens", "checkpoint_every"}),
+        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens", "checkpoint_every",
+                                             "features"}),
+        # a quantized-feature head depends on the calibration too (nothing added otherwise: existing keys stay valid)
+        *(["quantized features", recipe.quantize.model_dump(
+            mode="json", include={"format", "calib_samples", "calib_seq_len", "calib_prompts"})]
+          if spec.features == "quantized" else []),
     )
     features = FeatureExtractor(target, aux_layer_ids)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
@@ -179,6 +186,17 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
                        f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
     return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size)
+
+
+def _quantize_target(recipe: Any, target: Any, tokenizer: Any) -> None:
+    """``draft.train.features: quantized``: the head learns the features the deployed (quantized) target produces."""
+    from ..backends.modelopt.quantize import calibrate
+
+    with output.progress() as bar:
+        task = bar.add_task(f"calibrate {recipe.quantize.format} (train on the quantized target's features)",
+                            total=recipe.quantize.calib_samples)
+        calibrate(target, tokenizer, recipe.quantize, recipe.base_dir, on_batch=lambda: bar.advance(task))
+    output.check(True, f"draft.train.features: quantized: training on {recipe.quantize.format} fake-quantized target features")
 
 
 def _log_history(trainer: Trainer, step: int) -> None:
