@@ -203,11 +203,14 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
         if recipe.quantize.format != "none" and recipe.quantize.eval_prompts:
             from . import quant_check
 
-            reuse = extra["training"]["evaluation"] if trained is not None and quant_check.same_settings(recipe) else None
+            reused = trained is not None and quant_check.same_settings(recipe) and extra["training"]["evaluation"] is not None
+            # the unquantized pass first, so only one target is ever in memory
+            unquantized = (extra["training"]["evaluation"] if reused else quant_check.measure_unquantized(
+                recipe, p.target.path, staging.path / "draft", p.aux_layer_ids, _device(recipe), p.dtype, timings))
 
             def check(fake_quant: Any) -> dict[str, Any]:
                 return quant_check.run(recipe, p.target.path, staging.path / "draft", staging.path, p.aux_layer_ids,
-                                       fake_quant, _device(recipe), p.dtype, reuse, timings)
+                                       fake_quant, _device(recipe), p.dtype, unquantized, reused, timings)
 
         target_section = _write_target(recipe, p, staging.path / "target", timings, check)
         manifest = staging.finish(

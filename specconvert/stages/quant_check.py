@@ -36,32 +36,40 @@ def same_settings(recipe: Recipe) -> bool:
             and train.eval_max_new_tokens == q.eval_max_new_tokens)
 
 
-def measure(recipe: Recipe, source_dir: Path, draft_dir: Path, aux_layer_ids: list[int], quantized_model: Any,
-            device: str, dtype: str, unquantized: dict[str, Any] | None, timings: dict[str, float]) -> dict[str, Any]:
-    """Both evaluations (the unquantized one reused when given), their difference, the gate verdict."""
+def _evaluate(recipe: Recipe, label: str, source_dir: Path, draft_dir: Path, aux_layer_ids: list[int], model: Any,
+              device: str, dtype: str) -> dict[str, Any]:
     from ..training.data import load_prompt_samples
     from ..training.evaluate import measure as measure_head
 
     q = recipe.quantize
     shapes = eval_shapes(recipe)
     items = load_prompt_samples(q.eval_prompts, "quantize.eval_prompts", recipe.base_dir)[: q.eval_samples]
+    with output.progress() as bar:
+        task = bar.add_task(f"measure acceptance on the {label} target (reference decoder)", total=len(items) * (1 + len(shapes)))
+        return measure_head(source_dir, draft_dir, aux_layer_ids, q.eval_prompts, items, q.eval_max_new_tokens, shapes,
+                            device=device, dtype=dtype, on_prompt=lambda: bar.advance(task), model=model)
 
-    def run(label: str, model: Any) -> dict[str, Any]:
-        with output.progress() as bar:
-            task = bar.add_task(f"measure acceptance on the {label} target (reference decoder)", total=len(items) * (1 + len(shapes)))
-            return measure_head(source_dir, draft_dir, aux_layer_ids, q.eval_prompts, items, q.eval_max_new_tokens, shapes,
-                                device=device, dtype=dtype, on_prompt=lambda: bar.advance(task), model=model)
 
-    reused = unquantized is not None
-    if not reused:
-        t0 = time.perf_counter()
-        unquantized = run("unquantized", None)
-        timings["quant_check_unquantized_s"] = round(time.perf_counter() - t0, 3)
+def measure_unquantized(recipe: Recipe, source_dir: Path, draft_dir: Path, aux_layer_ids: list[int], device: str,
+                        dtype: str, timings: dict[str, float]) -> dict[str, Any]:
+    """The unquantized pass, run (and its target freed) before the quantized target is loaded: one target in memory at a time."""
     t0 = time.perf_counter()
-    quantized = run(f"{q.format} fake-quantized", quantized_model)
+    report = _evaluate(recipe, "unquantized", source_dir, draft_dir, aux_layer_ids, None, device, dtype)
+    timings["quant_check_unquantized_s"] = round(time.perf_counter() - t0, 3)
+    return report
+
+
+def measure(recipe: Recipe, source_dir: Path, draft_dir: Path, aux_layer_ids: list[int], quantized_model: Any,
+            device: str, dtype: str, unquantized: dict[str, Any], reused: bool, timings: dict[str, float]) -> dict[str, Any]:
+    """The quantized pass, its difference from ``unquantized``, the gate verdict."""
+    q = recipe.quantize
+    t0 = time.perf_counter()
+    quantized = _evaluate(recipe, f"{q.format} fake-quantized", source_dir, draft_dir, aux_layer_ids, quantized_model,
+                          device, dtype)
     timings["quant_check_quantized_s"] = round(time.perf_counter() - t0, 3)
+    items = quantized["samples"]
     report = {
-        "prompts": q.eval_prompts, "samples": len(items), "max_new_tokens": q.eval_max_new_tokens,
+        "prompts": q.eval_prompts, "samples": items, "max_new_tokens": q.eval_max_new_tokens,
         "quantized_target": f"Model Optimizer fake-quant ({q.format}), same calibration as convert/target",
         "unquantized_reused_from_training_evaluation": reused,
         "unquantized": unquantized, "quantized": quantized,
@@ -160,9 +168,9 @@ def plot(report: dict[str, Any], path: Path, fmt: str) -> Path | None:
 
 
 def run(recipe: Recipe, source_dir: Path, draft_dir: Path, out_dir: Path, aux_layer_ids: list[int], quantized_model: Any,
-        device: str, dtype: str, unquantized: dict[str, Any] | None, timings: dict[str, float]) -> dict[str, Any]:
-    """Measure, plot into ``out_dir``, then enforce the gate (after the figures are logged)."""
-    report = measure(recipe, source_dir, draft_dir, aux_layer_ids, quantized_model, device, dtype, unquantized, timings)
+        device: str, dtype: str, unquantized: dict[str, Any], reused: bool, timings: dict[str, float]) -> dict[str, Any]:
+    """Measure the quantized target, plot into ``out_dir``, then enforce the gate (after the figures are logged)."""
+    report = measure(recipe, source_dir, draft_dir, aux_layer_ids, quantized_model, device, dtype, unquantized, reused, timings)
     png = plot(report, Path(out_dir) / PLOT_NAME, recipe.quantize.format)
     report["plot"] = str(png) if png else None
     report["eval_s"] = {k: v for k, v in timings.items() if k.startswith("quant_check_")}
