@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
 
-.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune bench-synthesis clean
+.PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune bench-synthesis bench-quant clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ bench-decode: $(STAMP)
 # The latency benchmark of the default recipe (speculative vs baseline through the reference server).
 bench-demo: $(STAMP)
 	$(VENV)/bin/specconvert bench $(RECIPE)
+
+# Acceptance cost of quantizing the target (issue 19): the same head and prompts on none / fp8 / int4_awq targets
+# (Model Optimizer fake-quant, convert's calibration). BENCH_ARGS="--convert runs/NAME/convert" after a convert,
+# or "--target DIR --draft DIR --aux 1,14,26".
+bench-quant: $(STAMP)
+	$(VPY) benchmarks/bench_quant.py $(BENCH_ARGS)
 
 # Held-out tau of a trained head against training minutes (each budget a separate run; data synthesized once).
 bench-train: $(STAMP)

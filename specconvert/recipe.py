@@ -216,6 +216,13 @@ class TrainSpec(_Strict):
     eval_samples: int = Field(16, ge=1, description="Evaluation prompts used (the first N).")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
     seed: int = Field(0, description="Seed of data order, head init and holdout split.")
+    features: Literal["unquantized", "quantized"] = Field(
+        "unquantized",
+        description="Which target the head learns from. `quantized`: after synthesis (answers by the unquantized target), "
+        "the in-memory target is fake-quantized with Model Optimizer on `quantize`'s calibration (the same as convert's "
+        "export), so the features and distillation targets are the ones the deployed quantized target produces. Needs "
+        "`quantize.format`.",
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -297,6 +304,25 @@ class DraftSpec(_Strict):
         return self
 
 
+class AcceptanceDropSpec(_Strict):
+    """The largest acceptance loss a quantized target may cost (a CI gate: convert exits 1 beyond it)."""
+
+    tau: float | None = Field(
+        None, ge=0, description="Largest allowed drop in tau (unquantized target minus quantized target, same head, "
+        "same prompts), on every measured draft shape."
+    )
+    relative: float | None = Field(
+        None, ge=0, le=1, description="Largest allowed drop as a fraction of the unquantized target's tau (0.1 = 10%), "
+        "on every measured draft shape."
+    )
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> "AcceptanceDropSpec":
+        if self.tau is None and self.relative is None:
+            raise ValueError("give quantize.max_acceptance_drop.tau, .relative, or both")
+        return self
+
+
 class QuantizeSpec(_Strict):
     """Optional post-training quantization of the target with Model Optimizer."""
 
@@ -308,6 +334,28 @@ class QuantizeSpec(_Strict):
     calib_samples: int = Field(64, ge=1, description="Calibration prompts.")
     calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
     calib_prompts: str = Field("builtin:calib", description="`builtin:NAME` or a JSONL/text file of calibration text.")
+    eval_prompts: str | None = Field(
+        "builtin:chat-eval",
+        description="Held-out prompts on which convert measures the head's acceptance twice, on the unquantized target "
+        "and on Model Optimizer's fake-quantized target from the same calibration (reference decoder, greedy, same "
+        "settings); null to skip. When they equal `draft.train`'s evaluation settings the training evaluation is the "
+        "unquantized pass.",
+    )
+    eval_samples: int = Field(16, ge=1, description="Evaluation prompts used for the quantization check (the first N).")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per prompt in the quantization check.")
+    max_acceptance_drop: AcceptanceDropSpec | None = Field(
+        None,
+        description="Gate: convert exits 1 when the quantized target's tau falls further below the unquantized "
+        "target's than this (absolute `tau`, `relative`, or both). Unset: the drop is still measured and reported.",
+    )
+
+    @model_validator(mode="after")
+    def _gate_needs_measurement(self) -> "QuantizeSpec":
+        if self.max_acceptance_drop is not None and self.format == "none":
+            raise ValueError("quantize.max_acceptance_drop gates a quantized target: set quantize.format (fp8, int4_awq, nvfp4) or remove it")
+        if self.max_acceptance_drop is not None and not self.eval_prompts:
+            raise ValueError("quantize.max_acceptance_drop needs the measurement: set quantize.eval_prompts (e.g. builtin:chat-eval)")
+        return self
 
 
 class TreeSpec(_Strict):
@@ -707,6 +755,13 @@ class Recipe(_Strict):
 
     # Not part of the schema: where the recipe was read from (for relative paths).
     _base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _quantized_features_need_a_format(self) -> "Recipe":
+        if self.draft.train is not None and self.draft.train.features == "quantized" and self.quantize.format == "none":
+            raise ValueError("draft.train.features: quantized trains on the quantized target's features: set "
+                             "quantize.format (fp8, int4_awq, nvfp4), or use draft.train.features: unquantized")
+        return self
 
     @property
     def base_dir(self) -> Path:

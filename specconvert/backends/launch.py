@@ -176,6 +176,8 @@ def sglang_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, titl
 OUTPUT_NUMBERING = "output of layer i (0-based; Model Optimizer export, TensorRT-LLM, SGLang's config value)"
 VLLM_NUMBERING = "input of layer i = output of layer i-1 (vLLM)"
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# Files that make an engine load a folder as a quantized checkpoint (Model Optimizer's export).
+DRAFT_QUANT_FILES = ("hf_quant_config.json", "quant_cfg.json")
 
 
 def write_draft_overlay(draft_dir: Path, overlay: Path,
@@ -189,14 +191,26 @@ def write_draft_overlay(draft_dir: Path, overlay: Path,
     config_path = draft_dir / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     aux_layer_ids = config_update(config) or {}
+    # The draft keeps its own precision: convert exports it unquantized (bf16/fp16/fp32, checked
+    # tensor by tensor), so a quantization config here can only be one inherited from the target.
+    # vLLM 0.32 builds the drafter's quant config from the draft's own config
+    # (vllm/model_executor/models/utils.py get_draft_quant_config; vllm/config/speculative.py copies
+    # the target's `quantization` only when the draft IS the target: mtp, dspark), and it finds a
+    # Model Optimizer checkpoint by hf_quant_config.json beside config.json
+    # (vllm/transformers_utils/config.py); SGLang reads the draft folder the same way.
+    dropped = ["config.json quantization_config"] if config.pop("quantization_config", None) is not None else []
     (overlay / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     linked = []
     for item in sorted(draft_dir.iterdir()) if draft_dir.is_dir() else []:
         if item.name == "config.json" or item.name.startswith("."):
             continue
+        if item.name in DRAFT_QUANT_FILES:
+            dropped.append(item.name)
+            continue
         os.symlink(item.resolve(), overlay / item.name)
         linked.append(item.name)
-    return {"config": "config.json", "linked": linked, "aux_layer_ids": aux_layer_ids}
+    return {"config": "config.json", "linked": linked, "aux_layer_ids": aux_layer_ids,
+            "draft_precision": {"quantization": None, "dropped": dropped}}
 
 
 def sglang_overlay_update(aux_layer_ids: list[int]) -> Callable[[dict], dict[str, Any]]:

@@ -60,8 +60,9 @@ def convert(
             ("draft vocab", decisions["draft_vocab_size"]),
             ("rope", f"theta {draft['rope_theta']}, scaling {draft['rope_scaling']} ({draft['rope_export']})"),
             *_training_rows(manifest.get("training")),
+            *_quantization_rows(quant.get("acceptance")),
             ("checks", f"{sum(c['ok'] for c in manifest['checks'])}/{len(manifest['checks'])} passed"),
-            ("time", f"{manifest['timings']['total_s']:.1f} s"),
+            ("time", f"{manifest['timings']['total_s']:.1f} s" + _quant_check_time(manifest["timings"])),
         ],
     )
 
@@ -103,3 +104,24 @@ def _relaunch(processes: int, args: list[str]) -> int:
 
 def register(app: typer.Typer) -> None:
     app.command("convert")(convert)
+
+
+def _quantization_rows(acceptance: dict | None) -> list[tuple[str, str]]:
+    """tau on the unquantized and the quantized target, per shape, and the gate's verdict."""
+    if not acceptance:
+        return []
+    rows = [(f"quantized {name}", f"tau {d['tau_unquantized']:.2f} -> {d['tau_quantized']:.2f} (drop {d['tau_drop']:+.2f}, "
+                                  f"{d['relative_drop']:+.1%}); per position {d['per_position_unquantized']} -> {d['per_position_quantized']}")
+            for name, d in acceptance["drop"].items()]
+    verdict = acceptance["gate"]
+    rows.append(("acceptance gate", "not set (quantize.max_acceptance_drop)" if not verdict["set"] else "passed"))
+    if acceptance.get("plot"):
+        rows.append(("acceptance plot", acceptance["plot"]))
+    return rows
+
+
+def _quant_check_time(timings: dict) -> str:
+    """The quantization check's extra held-out pass(es), next to the total."""
+    parts = [f"{label} {timings[key]:.1f} s" for key, label in
+             (("quant_check_unquantized_s", "unquantized pass"), ("quant_check_quantized_s", "quantized pass")) if key in timings]
+    return f" (quantization check: {', '.join(parts)})" if parts else ""

@@ -191,8 +191,9 @@ class ReferenceDecoder:
 
     @classmethod
     def from_dirs(cls, target_dir, draft_dir=None, aux_layer_ids=None, device: str = "cpu", dtype: str = "float32",
-                  drafter: str = "eagle", norm_layout: str = "eagle3") -> "ReferenceDecoder":
-        """``draft_dir=None`` (and drafter ``eagle``) gives a baseline-only decoder."""
+                  drafter: str = "eagle", norm_layout: str = "eagle3", model: Any = None) -> "ReferenceDecoder":
+        """``draft_dir=None`` (and drafter ``eagle``) gives a baseline-only decoder. ``model``: an in-memory
+        target (e.g. Model Optimizer's fake-quantized one) used instead of the weights in ``target_dir``."""
         target_dir = Path(target_dir)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, target_dir)
@@ -204,7 +205,10 @@ class ReferenceDecoder:
             if not aux_layer_ids:
                 raise InputError("no aux layer ids for the draft head", fix="pass aux_layer_ids (decisions.aux_layer_ids of the convert manifest)")
         use_head = drafter == "eagle" and draft_dir is not None
-        target = TargetModel.from_dir(target_dir, aux_layer_ids if use_head else None, dt, dev)
+        if model is not None:
+            target = TargetModel(model, aux_layer_ids if use_head else None)
+        else:
+            target = TargetModel.from_dir(target_dir, aux_layer_ids if use_head else None, dt, dev)
         if use_head:
             head = DraftHead.from_dir(draft_dir, num_aux=len(aux_layer_ids), target_lm_head=target.lm_head_weight(),
                                       norm_layout=norm_layout, dtype=dt, device=dev)

@@ -74,6 +74,10 @@ def plan(recipe: Recipe, allow_pickle: bool = False) -> ConvertPlan:
         check_shapes(recipe.quantize.format, config)
         # read now so a missing or malformed file stops the run before the target loads
         load_samples(recipe.quantize.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
+        if recipe.quantize.eval_prompts:
+            from ..training.data import load_prompt_samples
+
+            load_prompt_samples(recipe.quantize.eval_prompts, "quantize.eval_prompts", recipe.base_dir)
 
     warnings: list[str] = []
     head = head_source = head_layout = None
@@ -185,13 +189,31 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
     trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
     head = _draft_tensors(recipe, p, trained)  # dtype decided and casts checked before anything is written
     with stage_dir(final, STAGE, inputs) as staging:
-        target_section = _write_target(recipe, p, staging.path / "target", timings)
+        # The head first: the quantization check runs it on the fake-quantized target between
+        # calibration and export (the export turns the model's weights into real FP8/INT4 in place).
         draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings, trained, head)
         extra = {}
         if trained is not None:
             extra["training"] = trained.manifest_section()
-            extra["training"]["evaluation"] = _evaluate(recipe, p, target_section["dir"], staging.path / "draft", timings)
+            extra["training"]["features"] = recipe.draft.train.features
+            # On the source weights: a quantized export does not load back into transformers as it runs
+            # (its FP8/INT4 weights would be read without their scales); for `none` they are the same bytes.
+            extra["training"]["evaluation"] = _evaluate(recipe, p, p.target.path, staging.path / "draft", timings)
             extra["training"]["loss_plot"] = _loss_plot(trained, staging.path, final)
+        check = None
+        if recipe.quantize.format != "none" and recipe.quantize.eval_prompts:
+            from . import quant_check
+
+            reused = trained is not None and quant_check.same_settings(recipe) and extra["training"]["evaluation"] is not None
+            # the unquantized pass first, so only one target is ever in memory
+            unquantized = (extra["training"]["evaluation"] if reused else quant_check.measure_unquantized(
+                recipe, p.target.path, staging.path / "draft", p.aux_layer_ids, _device(recipe), p.dtype, timings))
+
+            def check(fake_quant: Any) -> dict[str, Any]:
+                return quant_check.run(recipe, p.target.path, staging.path / "draft", staging.path, p.aux_layer_ids,
+                                       fake_quant, _device(recipe), p.dtype, unquantized, reused, timings)
+
+        target_section = _write_target(recipe, p, staging.path / "target", timings, check)
         manifest = staging.finish(
             artifacts={"target_dir": str(target_section.pop("dir")), "draft_dir": str(staging.path / "draft")},
             target=target_section,
@@ -250,13 +272,12 @@ def _evaluate(recipe: Recipe, p: ConvertPlan, target_dir: Path, draft_dir: Path,
     """tau of the trained head on held-out prompts: the chain of the build and a dynamic tree."""
     from ..training.data import load_prompt_samples
     from ..training.evaluate import measure
+    from .quant_check import eval_shapes
 
     train = recipe.draft.train
     if not train.eval_prompts:
         return None
-    tree = recipe.build.tree.model_dump() if recipe.build.tree else {"top_k": 8, "depth": 5, "total_tokens": 32}
-    shapes = {f"chain-{recipe.build.max_draft_len}": {"max_draft_len": recipe.build.max_draft_len},
-              f"tree-{tree['top_k']}x{tree['depth']}-{tree['total_tokens']}": {"tree": tree}}
+    shapes = eval_shapes(recipe)
     threads.apply_for_phase(recipe.runtime.threads, "evaluation")
     t0 = time.perf_counter()
     items = load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)[: train.eval_samples]
@@ -277,7 +298,9 @@ def _evaluate(recipe: Recipe, p: ConvertPlan, target_dir: Path, draft_dir: Path,
 # --------------------------------------------------------------------------- target
 
 
-def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> dict[str, Any]:
+def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float],
+                  check: Any = None) -> dict[str, Any]:
+    """Copy or quantize the target; ``check(fake_quant_model)`` runs between calibration and export."""
     info = p.target_info
     section: dict[str, Any] = {
         "source": p.target.spec,
@@ -306,7 +329,7 @@ def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, 
     else:
         section["dir"] = out
         section["copy"] = None
-        section["quantization"] = _quantize_target(recipe, p, out, timings)
+        section["quantization"] = _quantize_target(recipe, p, out, timings, check)
     timings["target_s"] = round(time.perf_counter() - t0, 3)
     return section
 
@@ -327,24 +350,20 @@ def _load_target(recipe: Recipe, p: ConvertPlan, device: str):
     return model, tokenizer
 
 
-def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float]) -> dict[str, Any]:
+def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], check: Any = None) -> dict[str, Any]:
+    """Calibrate, run ``check`` on the fake-quantized model (the acceptance check), export."""
     from ..backends.modelopt import quantize as mq
-    from ..prompts import load_samples, sample_text
 
     torch = require("torch")
     q = recipe.quantize
     device = _device(recipe)
     model, tokenizer = _load_target(recipe, p, device)
-    samples = load_samples(q.calib_prompts, "quantize.calib_prompts", recipe.base_dir)
-    texts = [sample_text(samples[i % len(samples)], tokenizer) for i in range(q.calib_samples)]
-    batches = [
-        tokenizer(text, return_tensors="pt", truncation=True, max_length=q.calib_seq_len)["input_ids"] for text in texts
-    ]
     t0 = time.perf_counter()
     with output.progress() as bar:
-        task = bar.add_task(f"calibrate {q.format}", total=len(batches))
-        mq.quantize(model, q.format, batches, on_batch=lambda: bar.advance(task))
+        task = bar.add_task(f"calibrate {q.format}", total=q.calib_samples)
+        mq.calibrate(model, tokenizer, q, recipe.base_dir, on_batch=lambda: bar.advance(task))
     timings["calibrate_s"] = round(time.perf_counter() - t0, 3)
+    acceptance = check(model) if check else None
     t0 = time.perf_counter()
     with output.progress() as bar:
         task = bar.add_task("export quantized target", total=1)
@@ -363,6 +382,7 @@ def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[st
         "kv_cache_quant_algo": section.get("kv_cache_quant_algo"),
         "exclude_modules": section.get("exclude_modules", []),
         "calib_samples": q.calib_samples,
+        "acceptance": acceptance,
     }
 
 

@@ -154,6 +154,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         output.log(f"train data: {data.prompts} prompts, {data.answers} answers ({spec.synthesis.engine}), "
                    f"{data.synthesized_tokens} synthesized tokens in {data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}{probed}); "
                    f"{data.text_tokens} teacher-forced text tokens")
+    if spec.features == "quantized":
+        _quantize_target(recipe, target, tokenizer)
     train_set, holdout = split_holdout(sequences, spec.holdout_fraction, spec.seed)
     config = target.config
     vocab = calibrate(train_set, config.vocab_size, vocab_size(recipe, config.vocab_size), always=stop_ids)
@@ -171,7 +173,11 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         dtype_name,
         # `synthesis` (engine, URLs, sampling) shapes the data, and the data is in this key already.
         spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens",
-                                              "checkpoint_every", "synthesis"}),
+                                              "checkpoint_every", "synthesis", "features"}),
+        # a quantized-feature head depends on the calibration too (nothing added otherwise: existing keys stay valid)
+        *(["quantized features", recipe.quantize.model_dump(
+            mode="json", include={"format", "calib_samples", "calib_seq_len", "calib_prompts"})]
+          if spec.features == "quantized" else []),
     )
     features = FeatureExtractor(target, aux_layer_ids)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
@@ -206,6 +212,17 @@ def answer_source(recipe: Any, model: Any, tokenizer: Any, stop_ids: list[int], 
     engine_spec = spec.synthesis if spec.synthesize else spec.synthesis.model_copy(update={"engine": "inprocess", "urls": []})
     return open_source(engine_spec, model, tokenizer, stop_ids, pad_id, spec.synthesis_batch_size, target_path,
                        target_dtype, recipe, log_dir)
+
+
+def _quantize_target(recipe: Any, target: Any, tokenizer: Any) -> None:
+    """``draft.train.features: quantized``: the head learns the features the deployed (quantized) target produces."""
+    from ..backends.modelopt.quantize import calibrate
+
+    with output.progress() as bar:
+        task = bar.add_task(f"calibrate {recipe.quantize.format} (train on the quantized target's features)",
+                            total=recipe.quantize.calib_samples)
+        calibrate(target, tokenizer, recipe.quantize, recipe.base_dir, on_batch=lambda: bar.advance(task))
+    output.check(True, f"draft.train.features: quantized: training on {recipe.quantize.format} fake-quantized target features")
 
 
 def _log_history(trainer: Trainer, step: int) -> None:

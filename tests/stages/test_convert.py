@@ -176,7 +176,7 @@ def test_failure_mid_stage_leaves_no_manifest_and_keeps_previous(cli, tmp_path, 
 
 
 def test_fp8_quantized_target_has_quant_config(cli, tmp_path, target):
-    result = cli("convert", recipe_for(tmp_path, target, "  init: random", "quantize:\n  format: fp8\n  calib_samples: 4\n  calib_seq_len: 32\n"), "--json")
+    result = cli("convert", recipe_for(tmp_path, target, "  init: random", "quantize:\n  format: fp8\n  calib_samples: 4\n  calib_seq_len: 32\n  eval_samples: 1\n  eval_max_new_tokens: 8\n"), "--json")
     assert result.code == 0, result.stderr
     manifest = result.json()["manifest"]
     target_dir = Path(manifest["artifacts"]["target_dir"])

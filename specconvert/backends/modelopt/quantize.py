@@ -68,6 +68,23 @@ def quantize(model: Any, fmt: str, batches: list[Any], on_batch: Callable[[], No
     mtq.quantize(model, cfg, forward_loop)
 
 
+def calibrate(model: Any, tokenizer: Any, spec: Any, base_dir: Path, on_batch: Callable[[], None] | None = None) -> int:
+    """Quantize ``model`` in place to ``spec.format`` (a ``QuantizeSpec``) on its calibration prompts.
+
+    One function for convert's export and for training on the quantized target's features
+    (``draft.train.features: quantized``): the same prompts, lengths and order give the
+    same calibration. Returns the number of calibration batches.
+    """
+    from ...prompts import load_samples, sample_text
+
+    samples = load_samples(spec.calib_prompts, "quantize.calib_prompts", base_dir)
+    texts = [sample_text(samples[i % len(samples)], tokenizer) for i in range(spec.calib_samples)]
+    batches = [tokenizer(text, return_tensors="pt", truncation=True, max_length=spec.calib_seq_len)["input_ids"]
+               for text in texts]
+    quantize(model, spec.format, batches, on_batch=on_batch)
+    return len(batches)
+
+
 def export(model: Any, out_dir: Path, dtype: Any) -> dict[str, Any]:
     """``export_hf_checkpoint`` into ``out_dir``; returns the ``quantization`` section written."""
     from modelopt.torch.export import export_hf_checkpoint

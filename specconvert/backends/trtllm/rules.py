@@ -96,6 +96,8 @@ def check(recipe: Any, convert: dict[str, Any] | None, target: TargetVersion) ->
                     "false); set it explicitly to silence this warning"
                 )
 
+    _draft_precision(report, recipe, convert, target)
+
     if build.temperature > 0 and target.spelling.greedy_only:
         report.warnings.append(
             f"build.temperature: {build.temperature}: TensorRT-LLM {target.version} runs EAGLE-3 greedy only; "
@@ -130,3 +132,59 @@ def check(recipe: Any, convert: dict[str, Any] | None, target: TargetVersion) ->
                 "reference backend (and the SGLang launch file) only"
             )
     return report
+
+
+# --------------------------------------------------------------------------- draft precision
+# The draft stays in its own precision when the target is quantized. The rules and their
+# TensorRT-LLM citations are data (specconvert/data/trtllm/draft_precision.json), like the
+# option windows; the conditions they name are evaluated here.
+
+def draft_quant_config(draft_dir: Any) -> list[str]:
+    """What in a draft folder would make an engine load the head as quantized weights."""
+    import json
+    from pathlib import Path
+
+    from ..launch import DRAFT_QUANT_FILES
+
+    if not draft_dir:
+        return []
+    folder = Path(draft_dir)
+    found = [name for name in DRAFT_QUANT_FILES if (folder / name).is_file()]
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("quantization_config"):
+        found.append("config.json quantization_config")
+    return found
+
+
+def draft_precision_rules() -> list[dict[str, Any]]:
+    import json
+    from importlib import resources
+
+    text = (resources.files("specconvert") / "data" / "trtllm" / "draft_precision.json").read_text(encoding="utf-8")
+    return json.loads(text)["rules"]
+
+
+def _draft_precision(report: RuleReport, recipe: Any, convert: dict[str, Any] | None, target: TargetVersion) -> None:
+    from .versions import in_release_window
+
+    extra = recipe.build.extra_llm_api_options or {}
+    draft_dir = ((convert or {}).get("artifacts") or {}).get("draft_dir")
+    found = draft_quant_config(draft_dir)
+    kv_fp8 = kv_cache_is_fp8(recipe.build, convert)
+    conditions = {
+        "draft_folder_has_quant_config": bool(found),
+        "target_kv_cache_fp8": kv_fp8,
+        "target_kv_cache_fp8_and_chunked_prefill": kv_fp8 and bool(extra.get("enable_chunked_prefill")),
+    }
+    fields = {"draft_dir": draft_dir, "found": ", ".join(found),
+              "draft_dtype": ((convert or {}).get("draft") or {}).get("dtype") or "unquantized"}
+    for rule in draft_precision_rules():
+        if not conditions.get(rule["when"]) or not in_release_window(target.version, rule.get("first"), rule.get("last")):
+            continue
+        text = f"TensorRT-LLM {target.version}: " + rule["message"].format(**fields)
+        if rule.get("fix"):
+            text += ". Fix: " + rule["fix"].format(**fields)
+        (report.errors if rule["severity"] == "error" else report.warnings).append(text)
