@@ -36,6 +36,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import output
 from .._imports import require
 from ..errors import InputError
 from .distributed import World
@@ -96,6 +97,9 @@ def load_target(path: Path, world: World, device: str, dtype: Any, trust_remote_
         gc.collect()
     model.requires_grad_(False)
     model.eval()
+    held, total = resident_parameters(model)
+    output.log(f"draft.train.target_sharding: fsdp over {world.size} processes; each holds {held:,} of the target's "
+               f"{total:,} parameters ({held / max(1, total):.1%})")
     return model
 
 

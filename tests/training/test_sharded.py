@@ -11,6 +11,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.tiny_models import write_tiny_target
 
 AUX = [0, 1, 2]
@@ -84,3 +86,64 @@ def test_sharded_target_features_equal_the_whole_targets_and_each_process_holds_
         assert r["held_after"] == r["held"], r
     assert sum(r["held"] for r in results) == results[0]["total"]
     assert [r["padded"] for r in results] == [0, 1]  # process 1 ran one forward fewer: even_out() padded it
+
+
+def _answered(folder: Path) -> None:
+    """Chat samples that carry their answers (`synthesize: false`, what a sharded target trains from)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"messages": [{"role": "user", "content": f"count {i}"},
+                          {"role": "assistant", "content": f"{i} {i + 1} {i + 2} {i + 3} and so on"}]} for i in range(24)]
+    (folder / "answered.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+
+
+def _recipe(folder: Path, target: Path, train_extra: str) -> Path:
+    from tests.conftest import write_recipe
+
+    _answered(folder)
+    return write_recipe(folder / "r.yaml", f"""name: tiny-sharded
+target:
+  model: {target}
+  dtype: float32
+draft:
+  train:
+    prompts: answered.jsonl
+    draft_vocab_size: 128
+    steps: 3
+    batch_size: 3
+    seq_len: 48
+    eval_prompts: null
+{train_extra}
+runtime:
+  device: cpu
+""")
+
+
+@pytest.mark.parametrize("train_extra, needle", [
+    pytest.param("    synthesize: false\n    target_sharding: fsdp", "set draft.train.num_processes: 2 or more", id="one-process"),
+    pytest.param("    num_processes: 2\n    target_sharding: fsdp", "set draft.train.synthesize: false", id="in-process-answers"),
+    pytest.param("    synthesize: false\n    num_processes: 2\n    target_sharding: zero3", "target_sharding", id="unknown-mode"),
+])
+def test_fsdp_sharding_without_what_it_needs_exits_2_and_writes_nothing(cli, tmp_path, train_extra, needle):
+    target = write_tiny_target(tmp_path / "target")
+    result = cli("convert", _recipe(tmp_path, target, train_extra))
+    assert result.code == 2, result.stderr
+    assert needle in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_convert_trains_a_head_from_a_sharded_target_under_torchrun(tmp_path):
+    """The whole path: convert re-launches under torchrun, both gloo processes train from their target halves."""
+    import subprocess
+    import sys
+
+    target = write_tiny_target(tmp_path / "target", num_hidden_layers=4)
+    path = _recipe(tmp_path, target, "    synthesize: false\n    num_processes: 2\n    target_sharding: fsdp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-m", "specconvert", "convert", str(path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fsdp over 2 processes; each holds 90,400 of the target's 180,800 parameters (50.0%)" in proc.stderr
+    manifest = json.loads((tmp_path / "runs" / "tiny-sharded" / "convert" / "manifest.json").read_text())
+    assert manifest["training"]["processes"] == 2 and manifest["training"]["steps"] == 3
+    assert all(check["ok"] for check in manifest["checks"])
