@@ -40,7 +40,7 @@ def _worker(rank: int, size: int, port: int, target: str, out: str) -> None:
 
     torch.set_num_threads(1)
     from specconvert.training import distributed, sharded
-    from specconvert.training.trainer import FeatureExtractor, _full
+    from specconvert.training.trainer import FeatureExtractor
 
     world = distributed.current()
     device = distributed.init(world, "cpu")
@@ -54,7 +54,7 @@ def _worker(rank: int, size: int, port: int, target: str, out: str) -> None:
         for n, length in enumerate(LENGTHS[rank]):
             ids = torch.tensor([_ids(length, 10 * rank + n)])
             got.append(features(ids, torch.ones_like(ids)))
-        lm_head = _full(model.get_output_embeddings().weight)  # the trainer's gather (build_train_model)
+        lm_head = model.get_output_embeddings().weight.full_tensor()  # what build_train_model gathers
 
         whole = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
         reference = FeatureExtractor(whole, AUX)
