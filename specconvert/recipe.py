@@ -201,6 +201,12 @@ class TrainSpec(_Strict):
         description="Data-parallel processes: >1 makes `convert` re-launch itself under `torchrun --standalone "
         "--nproc-per-node N` (one process per GPU; gloo on CPU). `batch_size` is per process.",
     )
+    target_sharding: Literal["none", "fsdp"] = Field(
+        "none",
+        description="`none`: every process loads the whole target. `fsdp`: the target's weights are sharded over the "
+        "`num_processes` processes with FSDP2 (each holds 1/N), for targets larger than one device; the head stays "
+        "replicated. Needs `num_processes` >= 2 and answers that are not generated in process (`synthesize: false`).",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Training dtype of the head: `auto` = bfloat16 on CUDA, float32 on CPU (faster on CPUs without bf16 units)."
     )
@@ -241,6 +247,17 @@ class TrainSpec(_Strict):
     def _steps_or_epochs(self) -> "TrainSpec":
         if self.steps is not None and self.epochs is not None:
             raise ValueError("give one of draft.train.steps and draft.train.epochs, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_needs(self) -> "TrainSpec":
+        if self.target_sharding == "fsdp" and self.num_processes < 2:
+            raise ValueError("draft.train.target_sharding: fsdp shards the target over the training processes; "
+                             "set draft.train.num_processes: 2 or more (one per GPU)")
+        if self.target_sharding == "fsdp" and self.synthesize:
+            raise ValueError("draft.train.target_sharding: fsdp does not generate answers in process (every sharded "
+                             "forward is collective); set draft.train.synthesize: false and give the answers in the "
+                             "prompt file, or use target_sharding: none")
         return self
 
 

@@ -9,6 +9,9 @@
 - :mod:`.trainer`: the loop over Model Optimizer's EAGLE-3 training forward in its
   offline mode (target features computed here, once, and reused across epochs),
   with checkpoints, resume, a wall-clock budget and best-checkpoint selection.
+- :mod:`.distributed` / :mod:`.sharded`: data parallelism under torchrun, optionally
+  with the target's weights sharded over the processes (FSDP2) for targets larger
+  than one device.
 - :mod:`.evaluate`: acceptance of the trained head on held-out prompts, measured
   with the reference decoder.
 

@@ -18,7 +18,7 @@ from .._imports import require
 from ..errors import EnvironmentMissing, InputError
 from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
 from .prompt_sets import check_prompt_sets, prompt_specs
-from .trainer import FeatureExtractor, Trainer, TrainResult, build_train_model
+from .trainer import Trainer, TrainResult, build_train_model
 from .vocab import DraftVocab, calibrate
 
 
@@ -120,7 +120,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     from ..backends.modelopt.eagle import EagleArch
     from ..reference.decoder import eos_ids
 
-    from . import distributed
+    from . import distributed, sharded
 
     spec = recipe.draft.train
     cache = cache_dir(recipe)
@@ -133,9 +133,12 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     torch.manual_seed(spec.seed)
     with output.progress() as bar:
         task = bar.add_task("load target for training", total=1)
-        target = transformers.AutoModelForCausalLM.from_pretrained(
-            str(target_path), dtype=getattr(torch, target_dtype), trust_remote_code=recipe.target.trust_remote_code
-        ).to(device)
+        if spec.target_sharding == "fsdp":  # each process holds 1/N of the target (training/sharded.py)
+            target = sharded.load_target(target_path, world, device, getattr(torch, target_dtype), recipe.target.trust_remote_code)
+        else:
+            target = transformers.AutoModelForCausalLM.from_pretrained(
+                str(target_path), dtype=getattr(torch, target_dtype), trust_remote_code=recipe.target.trust_remote_code
+            ).to(device)
         target.eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
         bar.advance(task)
@@ -179,7 +182,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
             mode="json", include={"format", "calib_samples", "calib_seq_len", "calib_prompts"})]
           if spec.features == "quantized" else []),
     )
-    features = FeatureExtractor(target, aux_layer_ids)
+    features = sharded.feature_extractor(target, aux_layer_ids, world)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
                       cache / f"checkpoint-{run_key}.safetensors", run_key, world)
     if trainer.load_checkpoint():

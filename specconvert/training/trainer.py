@@ -100,9 +100,18 @@ class FeatureExtractor:
         self._captured.clear()
         return aux, final
 
+    def even_out(self, forwards: int) -> int:
+        """Called before a batch's ``forwards`` target forwards; a sharded target pads the processes to the same count there."""
+        return 0
+
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def _full(tensor: Any) -> Any:
+    """A whole tensor: a sharded target's weights (DTensors, ``sharded``) are gathered (collective)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _canonical_state(model: Any) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def build_train_model(target: Any, arch: Any, aux_layer_ids: list[int], used_ids
     skeleton.config.architectures = list(getattr(target.config, "architectures", None) or [type(target).__name__])
     eagle.attach_eagle(skeleton, arch, aux_layer_ids, training={"eagle_offline": True, "eagle_ttt_steps": ttt_steps})
     skeleton.to_empty(device=device)
-    base_state = {k: v for k, v in target.state_dict().items() if not k.startswith(("model.layers.",))}
+    base_state = {k: _full(v) for k, v in target.state_dict().items() if not k.startswith(("model.layers.",))}
     own = skeleton.state_dict()
     with torch.no_grad():
         for name, value in base_state.items():
@@ -149,7 +158,7 @@ def _init_head(model: Any, target: Any, used_ids: list[int], seed: int) -> None:
     module = model.eagle_module
     gen = torch.Generator().manual_seed(seed)
     std = getattr(target.config, "initializer_range", 0.02) or 0.02
-    lm_head = target.get_output_embeddings().weight.detach()
+    lm_head = _full(target.get_output_embeddings().weight.detach())
     used = torch.tensor(used_ids, dtype=torch.long)
     with torch.no_grad():
         for name, tensor in module.state_dict(keep_vars=True).items():
@@ -282,6 +291,7 @@ class Trainer:
         hidden = self.model.config.hidden_size
         aux = torch.zeros((n, width, hidden * len(self.features.aux_layer_ids)), dtype=self.dtype, device=self.device)
         final = torch.zeros((n, width, hidden), dtype=self.dtype, device=self.device)
+        self.features.even_out(sum((kind, i) not in self._feature_cache for i in indices))
         for row, (i, s) in enumerate(zip(indices, seqs)):
             length = len(s.input_ids)
             ids[row, :length] = torch.tensor(s.input_ids)
