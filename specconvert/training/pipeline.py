@@ -208,7 +208,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
 def answer_source(recipe: Any, model: Any, tokenizer: Any, stop_ids: list[int], target_path: Path, target_dtype: str,
                   log_dir: Path) -> Any:
     """The ``draft.train.synthesis`` source, as a context manager (in-process ``generate`` when not synthesizing)."""
-    from .answers import open_source
+    from .answers.sources import open_source
 
     spec = recipe.draft.train
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]

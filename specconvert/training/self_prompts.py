@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import InputError
+from ..line_cache import complete_rows
 
 SENTINEL = "SPECCONVERTSELFPROMPTSENTINEL"
 MIN_DISTINCT_TRIGRAMS = 0.5  # below: a text that says the same thing over and over
@@ -166,22 +167,15 @@ def read_batches(path: Path) -> tuple[list[list[list[int]]], int]:
     follows is generated again.
     """
     batches: list[list[list[int]]] = []
-    if not path.is_file():
-        return batches, 0
-    data = path.read_bytes()
     end = 0
-    while True:
-        newline = data.find(b"\n", end)
-        if newline < 0:
-            break
+    for row, line_end in complete_rows(path):
         try:
-            row = json.loads(data[end:newline].decode("utf-8"))
             if int(row["b"]) != len(batches):
                 break
             batches.append([[int(t) for t in c] for c in row["c"]])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             break
-        end = newline + 1
+        end = line_end
     return batches, end
 
 

@@ -87,3 +87,22 @@ def test_the_oracle_catches_an_injected_fault(cli, vllm_python, bundle, fault):
                       "tau_vllm": oracle["engine"]["acceptance_length"],
                       "tau_reference": oracle["reference"]["acceptance_length"], "causes": oracle["causes"],
                       "found": oracle["found"]}))
+
+
+def test_a_tree_bundle_passes_on_vllm_with_the_oracle_decoding_the_chain_vllm_runs(cli, vllm_python, bundle):
+    """Issue 20 item 2: with build.tree set the bundle's TensorRT-LLM options hold a tree, vLLM runs a chain (it has
+    chains only), and the oracle must decode that chain: before, it decoded the tree and failed a sound engine."""
+    from tests.serving.conftest import _cli
+
+    tree = ["--set", "build.tree={top_k: 4, depth: 3, total_tokens: 12}"]
+    try:
+        assert _cli("build", RECIPE, "--no-load", *tree) == 0
+        code, report = serve_test(cli, vllm_python, *tree)
+        failed = [c["message"] for c in report["checks"] if not c["passed"]]
+        assert code == 0 and report["status"] == "passed", failed
+        oracle = report["oracle"]
+        assert oracle["passed"] and oracle["decoding"]["tree"] is None and oracle["decoding"]["draft_len"] == 3
+        print(json.dumps({"tree_bundle": True, "tau_vllm": oracle["engine"]["acceptance_length"],
+                          "tau_reference": oracle["reference"]["acceptance_length"]}))
+    finally:
+        assert _cli("build", RECIPE, "--no-load") == 0  # the module's bundle again, for any later test

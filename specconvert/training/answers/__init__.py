@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ...errors import InputError
+from ...line_cache import complete_rows
 
 Key = tuple[int, int]  # (prompt index, turn)
 Emit = Callable[[Key, list[int]], None]
@@ -136,20 +137,13 @@ def read_cache(path: Path) -> tuple[dict[Key, list[int]], int]:
     unreadable; everything after it is redone.
     """
     done: dict[Key, list[int]] = {}
-    if not Path(path).is_file():
-        return done, 0
-    data = Path(path).read_bytes()
     end = 0
-    while True:
-        newline = data.find(b"\n", end)
-        if newline < 0:
-            break
+    for row, line_end in complete_rows(path):
         try:
-            row = json.loads(data[end:newline].decode("utf-8"))
             done[(int(row["i"]), int(row.get("t", 0)))] = [int(t) for t in row["r"]]
         except (ValueError, KeyError, TypeError, AttributeError):
             break
-        end = newline + 1
+        end = line_end
     return done, end
 
 
@@ -218,20 +212,3 @@ def settings_key(engine: str, sampling: Sampling) -> dict[str, Any] | None:
     if sampling.as_key():
         parts["sampling"] = sampling.as_key()
     return parts or None
-
-
-def open_source(spec: Any, model: Any, tokenizer: Any, stop_ids: Sequence[int], pad_id: int, batch_size: int,
-                target_path: Path, target_dtype: str, recipe: Any, log_dir: Path) -> AnswerSource:
-    """The source ``spec`` (a ``draft.train.synthesis`` block) names; a served one is not probed yet."""
-    from .inprocess import InProcessSource
-
-    if spec.engine == "inprocess":
-        return InProcessSource(model, stop_ids, pad_id, batch_size)
-    if spec.engine == "url":
-        from .url import ServedSource
-
-        return ServedSource(spec.urls, spec.model, stop_ids, concurrency=spec.concurrency, timeout_s=spec.timeout_s,
-                            retries=spec.retries, request_extra=spec.request_extra, tokenizer=tokenizer)
-    from .vllm import VllmSource
-
-    return VllmSource(spec, recipe, target_path, target_dtype, stop_ids, tokenizer, log_dir)
