@@ -134,7 +134,11 @@ class SelfPromptsSpec(_Strict):
     max_tokens: int = Field(
         128, ge=2, le=4096, description="Longest prompt kept, in target tokens; a prompt whose turn has not ended by then is dropped."
     )
-    batch_size: int = Field(32, ge=1, le=4096, description="Prompts sampled together.")
+    batch_size: int = Field(
+        32, ge=1, le=4096,
+        description="Prompts sampled together (one cache line). With a served `synthesis.engine` (vllm, url) the served "
+        "engine writes them, one seeded request per prompt, several batches in flight; else in-process `generate`.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> "SelfPromptsSpec":

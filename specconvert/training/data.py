@@ -346,7 +346,10 @@ def build_sequences(
 
     world = world or World()
     report = DataReport()
-    samples = load_prompt_sets(train, base_dir, model, tokenizer, stop_ids, cache_dir, target_fingerprint, progress, world)
+    # self:N prompts are written by the served engine too when answers come from one
+    writer = source if train.synthesize and source is not None and source.served else None
+    samples = load_prompt_sets(train, base_dir, model, tokenizer, stop_ids, cache_dir, target_fingerprint, progress, world,
+                               writer)
     sequences: list[TrainSequence] = []
     report.prompts = len(samples)
     if train.synthesize:

@@ -51,8 +51,10 @@ def load_prompt_sets(
     target_fingerprint: str,
     progress: Any = None,
     world: Any = None,
+    source: Any = None,
 ) -> list[dict[str, Any]]:
-    """The training prompts of ``train``: every set in order, ``self:N`` written by ``model``.
+    """The training prompts of ``train``: every set in order, ``self:N`` written by ``model``, or by
+    ``source`` when that is a served answer source (``draft.train.synthesis.engine: vllm | url``).
 
     Written prompts never repeat a prompt of the other sets nor overlap the held-out
     ``eval_prompts``. In a data-parallel launch process 0 writes them and the others
@@ -74,7 +76,8 @@ def load_prompt_sets(
             avoid += [t for s in load_samples(train.eval_prompts, "draft.train.eval_prompts", base_dir) for t in user_texts(s)]
         if world.main:
             written = write_prompts(count, model, tokenizer, stop_ids, train.self_prompts, train.seed, avoid, cache_dir,
-                                    target_fingerprint, progress, spec_key(train.prompts, n), on_note=output.warn)
+                                    target_fingerprint, progress, spec_key(train.prompts, n), on_note=output.warn,
+                                    source=source, probe_tokens=train.synthesis.probe_tokens)
         written = gather(written if world.main else None, world)[0]
     samples: list[dict[str, Any]] = []
     for n in range(len(specs)):

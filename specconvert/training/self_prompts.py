@@ -179,11 +179,14 @@ def read_batches(path: Path) -> tuple[list[list[list[int]]], int]:
     return batches, end
 
 
-def cache_key(target_fingerprint: str, opening_ids: list[int], stops: list[int], seed: int, settings: Any) -> str:
+def cache_key(target_fingerprint: str, opening_ids: list[int], stops: list[int], seed: int, settings: Any,
+              served: bool = False) -> str:
+    """The cache file's key. Served engines draw with per-prompt seeds, in-process ``generate`` with one seed per
+    batch: the same settings give other prompts, so they get other files (the in-process key is unchanged)."""
     from ..manifest import canonical_hash
 
     return canonical_hash(["self-prompts-v1", target_fingerprint, opening_ids, stops, seed, settings.temperature,
-                           settings.top_p, settings.max_tokens, settings.batch_size])[:16]
+                           settings.top_p, settings.max_tokens, settings.batch_size, *(["served"] if served else [])])[:16]
 
 
 # --------------------------------------------------------------------------- generation
@@ -202,22 +205,29 @@ def write_prompts(
     progress: Any = None,
     key: str = "draft.train.prompts",
     on_note: Callable[[str], None] | None = None,
+    source: Any = None,
+    probe_tokens: int = 16,
 ) -> list[dict[str, Any]]:
     """``count`` user prompts written by ``model`` as chat samples ``{"messages": [{"role": "user", ...}]}``.
 
     Same target, seed and settings: the same prompts. Fewer than ``count`` when the
     target repeats itself past ``ATTEMPT_FACTOR`` x ``count`` candidates (``on_note`` says
     so); none at all is bad input.
-    """
-    import torch
 
+    ``source``: a served answer source (``answers.AnswerSource`` with ``served``; the one
+    ``draft.train.synthesis`` names) writes the prompts instead of in-process ``generate``:
+    one request per candidate, seeded per candidate, after a probe (the greedy continuation
+    of the opening, ``probe_tokens`` long, must equal the in-process target's).
+    """
     turn = user_turn(tokenizer, key)
     opening_ids = list(tokenizer(turn.opening, add_special_tokens=False)["input_ids"])
     stops = set(int(s) for s in stop_ids)
     marker_ids = list(tokenizer(turn.end_marker, add_special_tokens=False)["input_ids"]) if turn.end_marker else []
     if len(marker_ids) == 1:
         stops.add(marker_ids[0])  # <|im_end|>, <|eot_id|>: stop on the token, not after max_tokens
-    cache_file = cache_dir / f"self-prompts-{cache_key(target_fingerprint, opening_ids, sorted(stops), seed, settings)}.jsonl"
+    served = bool(source is not None and getattr(source, "served", False))
+    name = cache_key(target_fingerprint, opening_ids, sorted(stops), seed, settings, served)
+    cache_file = cache_dir / f"self-prompts-{name}.jsonl"
     batches, complete = read_batches(cache_file)
     cache_dir.mkdir(parents=True, exist_ok=True)
     if cache_file.is_file() and cache_file.stat().st_size > complete:
@@ -243,28 +253,23 @@ def write_prompts(
         take(batch)
         used += 1
     if len(selection.prompts) < count and used < max_batches:
-        device = next(model.parameters()).device
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (sorted(stops) or [0])[0]
+        if served:
+            _probe(source, model, stop_ids, pad_id, opening_ids, probe_tokens, tokenizer, key)
+            draw = _served_draw(source, opening_ids, stops, settings, seed)
+            # enough batches in flight to keep the engine's `concurrency` slots busy
+            window = max(1, -(-2 * int(getattr(source, "concurrency", 1) or 1) // settings.batch_size))
+        else:
+            draw, window = _inprocess_draw(model, opening_ids, stops, settings, seed, pad_id), 1
         with open(cache_file, "a", encoding="utf-8") as fh:
-            for b in range(len(batches), max_batches):
-                if len(selection.prompts) >= count:
-                    break
-                ids = torch.tensor([opening_ids] * settings.batch_size, dtype=torch.long, device=device)
-                # fork_rng: the seeds here must not shift the head's initialisation or data order
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-                    torch.manual_seed(seed * 1_000_003 + b)
-                    out = model.generate(
-                        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_tokens,
-                        do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=0,
-                        eos_token_id=sorted(stops) or None, pad_token_id=pad_id,
-                    )
-                batch = []
-                for row in out[:, len(opening_ids):].tolist():
-                    cut = next((n + 1 for n, t in enumerate(row) if t in stops), len(row))
-                    batch.append([int(t) for t in row[:cut]])
-                fh.write(json.dumps({"b": b, "c": batch}) + "\n")
-                fh.flush()
-                take(batch)
+            b = len(batches)
+            while b < max_batches and len(selection.prompts) < count:
+                for batch in draw(range(b, min(b + window, max_batches))):
+                    fh.write(json.dumps({"b": b, "c": batch}) + "\n")
+                    fh.flush()
+                    b += 1
+                    if len(selection.prompts) < count:
+                        take(batch)
     if not selection.prompts:
         raise InputError(f"{key}: the target wrote no usable prompt for self:{count} (dropped: {selection.summary()})",
                          fix="use a chat (instruct) target, raise draft.train.self_prompts.max_tokens, or give a prompt file")
@@ -272,6 +277,67 @@ def write_prompts(
         on_note(f"self:{count}: the target wrote {len(selection.prompts)} usable prompts in {ATTEMPT_FACTOR * count} tries "
                 f"(dropped: {selection.summary()})")
     return [{"messages": [{"role": "user", "content": text}]} for text in selection.prompts]
+
+
+def _cut(row: Sequence[int], stops: set[int]) -> list[int]:
+    """A candidate up to and including its first stop token."""
+    end = next((n + 1 for n, t in enumerate(row) if t in stops), len(row))
+    return [int(t) for t in row[:end]]
+
+
+def _inprocess_draw(model: Any, opening_ids: list[int], stops: set[int], settings: Any, seed: int,
+                    pad_id: int) -> Callable[[range], list[list[list[int]]]]:
+    """Batches drawn by ``generate``, one seed per batch (from ``seed`` and the batch's number)."""
+    import torch
+
+    device = next(model.parameters()).device
+
+    def draw(numbers: range) -> list[list[list[int]]]:
+        out_batches = []
+        for b in numbers:
+            ids = torch.tensor([opening_ids] * settings.batch_size, dtype=torch.long, device=device)
+            # fork_rng: the seeds here must not shift the head's initialisation or data order
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+                torch.manual_seed(seed * 1_000_003 + b)
+                out = model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_tokens,
+                    do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=0,
+                    eos_token_id=sorted(stops) or None, pad_token_id=pad_id,
+                )
+            out_batches.append([_cut(row, stops) for row in out[:, len(opening_ids):].tolist()])
+        return out_batches
+
+    return draw
+
+
+def _served_draw(source: Any, opening_ids: list[int], stops: set[int], settings: Any,
+                 seed: int) -> Callable[[range], list[list[list[int]]]]:
+    """Batches drawn by a served engine: one request per candidate ``(b, i)``, seeded from (``seed``, b, i)
+    (``answers.Sampling.request_seed``), so a candidate does not depend on what else was in flight."""
+    from .answers import Sampling
+
+    sampling = Sampling(temperature=settings.temperature, top_p=settings.top_p, seed=seed)
+
+    def draw(numbers: range) -> list[list[list[int]]]:
+        got: dict[tuple[int, int], list[int]] = {}
+        jobs = [((b, i), list(opening_ids)) for b in numbers for i in range(settings.batch_size)]
+        source.answer(jobs, settings.max_tokens, sampling, lambda k, ids: got.__setitem__(k, list(ids)))
+        return [[_cut(got[(b, i)], stops) for i in range(settings.batch_size)] for b in numbers]
+
+    return draw
+
+
+def _probe(source: Any, model: Any, stop_ids: Sequence[int], pad_id: int, opening_ids: list[int], tokens: int,
+           tokenizer: Any, key: str) -> None:
+    """A served engine must continue the opening greedily as the in-process target does (else: another model or
+    template would write the prompts)."""
+    from .answers import probe
+    from .answers.inprocess import InProcessSource
+
+    reference = InProcessSource(model, stop_ids, pad_id, 1)
+    for endpoint in source.endpoints():
+        probe(endpoint, reference, [opening_ids], tokens, lambda t: tokenizer.decode([t], skip_special_tokens=False),
+              where=f"{key} (self:N through draft.train.synthesis)")
 
 
 def user_texts(sample: dict[str, Any]) -> list[str]:

@@ -235,3 +235,79 @@ def test_in_a_data_parallel_launch_process_0_writes_and_the_others_receive(tmp_p
     samples = load_prompt_sets(_train(["self:4"]), tmp_path, model, chat_tokenizer(), STOPS, tmp_path / "cache", "t",
                                world=World(rank=1, size=2))
     assert samples == mine and sent == [None] and not (tmp_path / "cache").exists()
+
+
+# --------------------------------------------------------------------------- written by a served engine
+
+
+class FakeServed:
+    """A served answer source: greedy answers are the tiny target's own (so the probe passes unless ``lie``),
+    sampled ones a pure function of the request's seed (as a seeded vLLM request is)."""
+
+    served = True
+    concurrency = 6
+
+    def __init__(self, tiny, lie: bool = False):
+        from specconvert.training.answers.inprocess import InProcessSource
+
+        self.target = InProcessSource(tiny, STOPS, 0, 1)
+        self.lie = lie
+        self.seeds: list[int] = []
+        self.calls = 0
+
+    def endpoints(self):
+        return [self]
+
+    def describe(self):
+        return "fake endpoint"
+
+    def answer(self, jobs, max_new_tokens, sampling, emit):
+        import random
+
+        self.calls += 1
+        if sampling.greedy:
+            if self.lie:
+                for key, _ in jobs:
+                    emit(key, [200 + key[0]] * max_new_tokens)
+                return
+            self.target.answer(jobs, max_new_tokens, sampling, emit)
+            return
+        for key, _ in reversed(jobs):  # in any order, as a server finishes them
+            seed = sampling.request_seed(key)
+            self.seeds.append(seed)
+            rng = random.Random(seed)
+            letters = [i for i in chat_tokenizer()("abcdefghijklmnopqrstuvwxyz")["input_ids"] if i not in STOPS]
+            emit(key, [rng.choice(letters) for _ in range(rng.randint(3, 9))] + [STOPS[1]])
+
+
+def test_a_served_engine_writes_the_prompts_one_seeded_request_each_cached_apart(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(tiny, "generate", lambda *a, **k: pytest.fail("in-process generate wrote served prompts")
+                        if k.get("do_sample") else type(tiny).generate(tiny, *a, **k))
+    source = FakeServed(tiny)
+    first = _write(tiny, tmp_path / "a", source=source)
+    assert len(first) == 10 and len({normalise(s["messages"][0]["content"]) for s in first}) == 10
+    # every candidate its own seed, from (seed, batch, index): what else is in flight does not matter
+    assert len(set(source.seeds)) == len(source.seeds) and source.seeds
+    # several batches per call keep the engine's slots busy (window = 2 x concurrency / batch size)
+    assert source.calls <= 1 + -(-len(source.seeds) // (2 * TINY.batch_size))
+    again = FakeServed(tiny)
+    assert _write(tiny, tmp_path / "b", source=again) == first  # same seed, same prompts
+    # a cache of its own: in-process generate samples other prompts from the same settings
+    (served_cache,) = (tmp_path / "a").glob("self-prompts-*.jsonl")
+    monkeypatch.undo()
+    _write(tiny, tmp_path / "a", count=2)
+    assert len(list((tmp_path / "a").glob("self-prompts-*.jsonl"))) == 2
+    # a killed run resumes after its last whole batch; a rerun asks nothing
+    lines = served_cache.read_text().splitlines()
+    served_cache.write_text(lines[0] + "\n" + lines[1][:7])
+    resumed = FakeServed(tiny)
+    assert _write(tiny, tmp_path / "a", source=resumed) == first and resumed.calls
+    idle = FakeServed(tiny)
+    assert _write(tiny, tmp_path / "a", source=idle) == first and idle.calls == 0
+
+
+def test_a_served_engine_that_does_not_continue_as_the_target_writes_nothing(tiny, tmp_path):
+    with pytest.raises(InputError, match=r"draft.train.prompts \(self:N through draft.train.synthesis\): fake endpoint "
+                                         r"does not answer as the target: probe prompt 0, answer token 0"):
+        _write(tiny, tmp_path / "a", source=FakeServed(tiny, lie=True))
+    assert not list((tmp_path / "a").glob("self-prompts-*.jsonl"))

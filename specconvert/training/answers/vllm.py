@@ -40,6 +40,10 @@ class VllmSource(AnswerSource):
         self.startup_s: float | None = None
 
     @property
+    def concurrency(self) -> int:
+        return int(self.spec.concurrency)
+
+    @property
     def running(self) -> bool:
         return self._stack is not None
 
