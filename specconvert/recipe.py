@@ -586,7 +586,8 @@ class RuntimeSpec(_Strict):
     vllm_threads: int | None = Field(
         None, ge=1,
         description="CPU build: OpenMP threads per server (`OMP_NUM_THREADS` with `VLLM_CPU_OMP_THREADS_BIND=nobind`); "
-        "null = vLLM's own binding (`auto`: one thread per core, one core kept for its scheduler).",
+        "null = vLLM's own binding (`auto`: one thread per core, one core kept for its scheduler). Not the synthesis "
+        "server of `draft.train.synthesis.engine: vllm`, which runs alone and takes `runtime.threads`.",
     )
     vllm_enforce_eager: bool = Field(
         True, description="vLLM `--enforce-eager`: no compilation or graph capture (minutes saved at startup on a CPU)."

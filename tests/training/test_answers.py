@@ -204,7 +204,7 @@ def test_the_synthesis_vllm_runs_the_target_alone_on_loopback_in_the_targets_dty
 
     recipe = validate_recipe({"name": "demo", "target": {"model": "t"},
                               "draft": {"train": {"synthesis": {"engine": "vllm", "concurrency": 48}}},
-                              "runtime": {"vllm_threads": 2}}, base_dir=tmp_path)
+                              "runtime": {"vllm_threads": 1, "threads": 2}}, base_dir=tmp_path)
     source = VllmSource(recipe.draft.train.synthesis, recipe, tmp_path / "target", "bfloat16", [2], None, tmp_path)
     argv, env = source.command("/venv/bin/python", 8123)
     flags = {a: (b if not b.startswith("--") else None) for a, b in zip(argv[3:], argv[4:] + [""]) if a.startswith("--")}
@@ -212,5 +212,6 @@ def test_the_synthesis_vllm_runs_the_target_alone_on_loopback_in_the_targets_dty
     assert flags["--model"] == str(tmp_path / "target") and flags["--dtype"] == "bfloat16"
     assert int(flags["--max-num-seqs"]) >= 48 and flags["--host"] == "127.0.0.1" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "demo-synthesis" and "--speculative-config" not in argv
+    # alone while convert waits: the synthesis phase's threads, not the per-server budget of tune's side-by-side servers
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert not source.running  # nothing starts before the first answer is needed
