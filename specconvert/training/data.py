@@ -51,6 +51,9 @@ class DataReport:
     answers: int = 0  # assistant turns synthesized (several per multi-turn sample)
     conversations_cut: int = 0  # multi-turn samples ended early: an answer reached max_new_tokens
     probe_tokens: int = 0  # answer tokens a served engine matched the in-process target on
+    self_prompts: int = 0  # prompts the target wrote (self:N), in `prompts`
+    self_prompts_s: float = 0.0  # writing them (a rerun reads them from the cache)
+    self_prompts_engine: str = ""
     text_tokens: int = 0
     text_s: float = 0.0
     sequences: int = 0
@@ -349,7 +352,7 @@ def build_sequences(
     # self:N prompts are written by the served engine too when answers come from one
     writer = source if train.synthesize and source is not None and source.served else None
     samples = load_prompt_sets(train, base_dir, model, tokenizer, stop_ids, cache_dir, target_fingerprint, progress, world,
-                               writer)
+                               writer, report)
     sequences: list[TrainSequence] = []
     report.prompts = len(samples)
     if train.synthesize:

@@ -154,7 +154,9 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         rate = data.synthesized_tokens / data.synthesis_s if data.synthesis_s > 0 else 0.0
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
         probed = f"; probe: {data.probe_tokens} tokens equal to the in-process target's" if data.probe_tokens else ""
-        output.log(f"train data: {data.prompts} prompts, {data.answers} answers ({spec.synthesis.engine}), "
+        written = (f" ({data.self_prompts} written by the target in {data.self_prompts_s:.0f} s, {data.self_prompts_engine})"
+                   if data.self_prompts else "")
+        output.log(f"train data: {data.prompts} prompts{written}, {data.answers} answers ({spec.synthesis.engine}), "
                    f"{data.synthesized_tokens} synthesized tokens in {data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}{probed}); "
                    f"{data.text_tokens} teacher-forced text tokens")
     if spec.features == "quantized":

@@ -8,6 +8,7 @@ prompt or answers one, so a bad row stops the run with nothing cached.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ def load_prompt_sets(
     progress: Any = None,
     world: Any = None,
     source: Any = None,
+    report: Any = None,
 ) -> list[dict[str, Any]]:
     """The training prompts of ``train``: every set in order, ``self:N`` written by ``model``, or by
     ``source`` when that is a served answer source (``draft.train.synthesis.engine: vllm | url``).
@@ -74,11 +76,16 @@ def load_prompt_sets(
         avoid = [t for samples in loaded.values() for s in samples for t in user_texts(s)]
         if train.eval_prompts:
             avoid += [t for s in load_samples(train.eval_prompts, "draft.train.eval_prompts", base_dir) for t in user_texts(s)]
+        started = time.perf_counter()
         if world.main:
             written = write_prompts(count, model, tokenizer, stop_ids, train.self_prompts, train.seed, avoid, cache_dir,
                                     target_fingerprint, progress, spec_key(train.prompts, n), on_note=output.warn,
                                     source=source, probe_tokens=train.synthesis.probe_tokens)
         written = gather(written if world.main else None, world)[0]
+        if report is not None:  # a DataReport: what the target wrote, where, in how long
+            report.self_prompts = len(written)
+            report.self_prompts_s = time.perf_counter() - started
+            report.self_prompts_engine = source.describe() if source is not None else "in-process generate"
     samples: list[dict[str, Any]] = []
     for n in range(len(specs)):
         samples.extend(written if counts[n] is not None else loaded[n])

@@ -186,7 +186,11 @@ def test_sets_mix_in_order_and_written_prompts_avoid_the_others(tiny, tmp_path):
                                                                         {"from": "gpt", "value": "a"}]}) + "\n")
     (tmp_path / "eval.jsonl").write_text(json.dumps({"prompt": "held out"}) + "\n")
     train = _train(["builtin:smoke", "self:4", "mine.jsonl"], eval_prompts="eval.jsonl")
-    samples = load_prompt_sets(train, tmp_path, tiny, chat_tokenizer(), STOPS, tmp_path / "cache", "tiny")
+    from specconvert.training.data import DataReport
+
+    report = DataReport()
+    samples = load_prompt_sets(train, tmp_path, tiny, chat_tokenizer(), STOPS, tmp_path / "cache", "tiny", report=report)
+    assert (report.self_prompts, report.self_prompts_engine) == (4, "in-process generate")  # the data report counts them
     from specconvert.prompts import load_samples
 
     smoke = load_samples("builtin:smoke", "k", tmp_path)
