@@ -356,6 +356,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["", "vLLM with the drafter loaded and its schedule at 0 (what a 0 in `num_speculative_tokens_per_batch_size` "
                 "costs: the drafter still runs each step): "
                 + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s" for b, m in idle.items())]
+    lossless = report.get("lossless") or {}
+    if lossless.get("numerical_ties"):
+        out += ["", f"Lossless: {lossless['numerical_ties']} difference(s) from plain decoding at a numerical tie "
+                f"(the plain run's lead < {lossless['tie_margin']:g} nats, `serve_test.lossless.tie_margin`): "
+                + "; ".join(f"draft length {t['draft_len']}, prompt {t['prompt']}, token {t['position']}: "
+                            f"{t['margin']:g} nats" for t in lossless["ties"])]
+    elif lossless.get("compared") is False:
+        out += ["", "Lossless: not compared (`serve_test.lossless.mode: off`)"]
     out += ["", "## Choice", ""] + [f"- {line}" for line in report["verdict"]]
     out += ["", "## Each engine's schedule, as `build` derives it with this recipe now", "",
             "build makes the choice again from the measurements above, with its own settings (the TensorRT-LLM "

@@ -131,6 +131,13 @@ def test_tune_on_vllm_fails_when_a_length_changes_the_greedy_output(tiny_recipe,
     assert "draft length 2, concurrency 1" in err and "prompt 0 at output token 3" in err
     # asked again for its logprobs there, the plain server led by 3 nats (FAKE_VLLM_TIE_MARGIN's default): no tie
     assert "led by 3 nats there" in err
+    # serve_test.lossless.mode: off compares nothing, in tune as in serve-test
+    assert _cli("tune", path, "--force", "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=10",
+                "--set", "serve_test.lossless.mode=off") == 0, capsys.readouterr().err[-2000:]
+    report = json.loads((root / "work" / "tune" / "report.json").read_text())
+    assert report["lossless"]["compared"] is False
+    assert all(m["identical_to_plain"] is None for m in report["measurements"])
 
 
 @pytest.mark.parametrize("servers", ["together", "one"])
@@ -167,6 +174,7 @@ def test_tune_on_vllm_passes_a_numerical_tie_and_reports_it(tiny_recipe, fake_vl
     assert lossless["ties"][0] == {"draft_len": 2, "concurrency": 1, "prompt": 0, "position": 3, "margin": 0.02,
                                    "tie_margin": 0.05}
     assert "8 difference(s) from plain decoding at a numerical tie" in err and "prompt 0 token 3: 0.02 nats" in err
+    assert "draft length 2, prompt 0, token 3: 0.02 nats" in (root / "work" / "tune" / "report.md").read_text()
     if servers == "together":
         assert _cli(*args, "--set", "serve_test.lossless.mode=strict") == 1
         assert "a numerical tie (0.02 nats < 0.05) that fails in strict mode" in capsys.readouterr().err
