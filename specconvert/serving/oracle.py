@@ -241,7 +241,9 @@ async def diagnose_by_asking(send: Callable[[int, dict[str, Any]], Awaitable[Any
         return {"token_index": index, "class": "divergence", "margin": None,
                 "note": "one output is a prefix of the other (different length)"}
     logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
-    # Logprob tokens by id (vLLM's request field; the reference server honours it too), so the speculative
+    # Logprob tokens by id (vLLM's request field, spelled ``token_id:N``: v0.8.3's
+    # vllm/entrypoints/openai/serving_engine.py `_get_decoded_token`, later releases'
+    # `format_token_id_placeholder`; the reference server honours it too), so the speculative
     # token is found among the baseline's by id, not by a text that several ids can share.
     by_id = {**(extra or {}), **logprob_fields, "return_tokens_as_token_ids": True}
     try:
