@@ -632,13 +632,14 @@ class LosslessSpec(_Strict):
         description="`greedy`: both runs at temperature 0, so a lossless speculative decoder must reproduce the "
         "baseline token for token; a divergence where the baseline's top two logprobs are within `tie_margin` is "
         "reported as a numerical tie and does not fail. `strict`: ties fail too. `off`: no baseline server is "
-        "started and nothing is compared (acceptance and oracle checks only).",
+        "started and nothing is compared (acceptance and oracle checks only). `tune` on vLLM applies the same rule "
+        "to every draft length's output against plain decoding's (`off`: tune compares nothing either).",
     )
     tie_margin: float = Field(
         0.05, ge=0,
         description="Nats: at the first divergence, a baseline lead (best logprob minus the speculative token's) "
         "below this is a numerical tie. bf16 rounds logits at ~2^-8 relative, i.e. ~0.05 at logit magnitudes of "
-        "10-20; fp32 differences are ~1e-5.",
+        "10-20; fp32 differences are ~1e-5. serve-test and `tune` on vLLM use it.",
     )
     min_exact_match: float = Field(
         1.0, ge=0, le=1, description="Fraction of prompts whose speculative output must equal the baseline's exactly."

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from ..acceptance import Acceptance, from_counts
 
@@ -227,6 +227,39 @@ def diagnose(logprobs: Any, index: int, speculative_token: int | str | None, tie
     margin = divergence_margin(tops, speculative_token)
     return {"token_index": index, "class": classify_divergence(margin, tie_margin), "tie_margin": tie_margin,
             "top_logprobs": [[t, round(lp, 6)] for t, lp in tops], **margin}
+
+
+async def diagnose_by_asking(send: Callable[[int, dict[str, Any]], Awaitable[Any]], chat: bool,
+                             baseline_ids: Sequence[int], speculative_ids: Sequence[int], index: int,
+                             tie_margin: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Diagnose the first difference (output token ``index``) by asking the baseline server again for the same
+    prompt with ``index + 1`` tokens and its top logprobs: ``send(max_tokens, request_fields)`` sends that request
+    (non-streaming) and returns a :class:`~specconvert.serving.client.Completion`. serve-test and tune share it."""
+    from .client import RequestFailed
+
+    if index >= len(baseline_ids):
+        return {"token_index": index, "class": "divergence", "margin": None,
+                "note": "one output is a prefix of the other (different length)"}
+    logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
+    # Logprob tokens by id (vLLM's request field, spelled ``token_id:N``: v0.8.3's
+    # vllm/entrypoints/openai/serving_engine.py `_get_decoded_token`, later releases'
+    # `format_token_id_placeholder`; the reference server honours it too), so the speculative
+    # token is found among the baseline's by id, not by a text that several ids can share.
+    by_id = {**(extra or {}), **logprob_fields, "return_tokens_as_token_ids": True}
+    try:
+        try:
+            probe = await send(index + 1, by_id)
+        except RequestFailed as exc:
+            if exc.kind != "http":
+                raise
+            # trtllm-serve refuses unknown request fields (its OpenAIBaseModel forbids extras,
+            # tensorrt_llm/serve/openai_protocol.py): ask again, tokens spelled as text.
+            text_fields = {k: v for k, v in (extra or {}).items() if k != "return_tokens_as_token_ids"}
+            probe = await send(index + 1, {**text_fields, **logprob_fields})
+    except RequestFailed as exc:
+        return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
+    return diagnose(getattr(probe, "logprobs", None), index,
+                    speculative_ids[index] if index < len(speculative_ids) else None, tie_margin)
 
 
 # ---------------------------------------------------------------------- what the oracle decodes, and its cost

@@ -449,28 +449,10 @@ class ServeRun:
         if div is None or "token_index" not in div:
             return None
         index = div["token_index"]
-        if index >= len(base.token_ids or []):
-            return {"token_index": index, "class": "divergence", "margin": None,
-                    "note": "one output is a prefix of the other (different length)"}
-        chat = prompt.messages is not None
-        logprob_fields = {"logprobs": True, "top_logprobs": 5} if chat else {"logprobs": 5}
-        # Logprob tokens by id (vLLM's request field; the reference server honours it too), so the speculative
-        # token is found among the baseline's by id, not by a text that several ids can share.
-        by_id = {**(extra or {}), **logprob_fields, "return_tokens_as_token_ids": True}
-        try:
-            try:
-                probe = await self._send(client, model, prompt, index + 1, False, by_id)
-            except RequestFailed as exc:
-                if exc.kind != "http":
-                    raise
-                # trtllm-serve refuses unknown request fields (its OpenAIBaseModel forbids extras,
-                # tensorrt_llm/serve/openai_protocol.py): ask again, tokens spelled as text.
-                probe = await self._send(client, model, prompt, index + 1, False, {**(extra or {}), **logprob_fields})
-        except RequestFailed as exc:
-            return {"token_index": index, "class": "unknown", "margin": None, "note": f"logprobs request failed: {exc.message}"}
         spec_ids = spec_outcome.completion.token_ids or []
-        return oracle.diagnose(getattr(probe, "logprobs", None), index,
-                               spec_ids[index] if index < len(spec_ids) else None, self.spec.lossless.tie_margin)
+        return await oracle.diagnose_by_asking(
+            lambda max_tokens, fields: self._send(client, model, prompt, max_tokens, False, fields),
+            prompt.messages is not None, base.token_ids or [], spec_ids, index, self.spec.lossless.tie_margin, extra)
 
     async def _drain(self, client: OpenAIClient, label: str) -> list[dict[str, Any]]:
         try:

@@ -108,9 +108,11 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
                f"at concurrency {lvls}, " + ("interleaved" if mode == "together" else "one server at a time"))
     with output.progress() as bar:
         task = bar.add_task("tune: vLLM runs", total=len(launches) * len(lvls) * tune.repeats)
+        lossless = recipe.serve_test.lossless  # serve-test's tie rule: `off` compares nothing, here too
         runs, servers = measure_vllm(launches, payloads, lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s,
                                      repeats=tune.repeats, on_run=lambda: bar.advance(task),
-                                     together=mode == "together")
+                                     together=mode == "together",
+                                     tie_margin=None if lossless.mode == "off" else lossless.tie_margin)
     return runs, servers, mode == "together"
 
 
@@ -170,8 +172,55 @@ def fingerprint_inputs(recipe: Any, convert: dict[str, Any]) -> dict[str, Any]:
                           ("tune", ("margin", "trtllm_allow_zero", "plots", "prompts"))):
         for key in keys:
             sections[section].pop(key, None)
+    lossless = recipe.serve_test.lossless  # decides whether tune passes and what it reports
+    sections["lossless"] = {"mode": lossless.mode, "tie_margin": lossless.tie_margin}
     return {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
             "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
+
+
+def _length(k: int) -> str:
+    return "0 (drafter idle)" if k == DRAFTER_IDLE else str(k)
+
+
+def lossless_verdict(recipe: Any, runs: dict[tuple[int, int], Measured]) -> dict[str, Any]:
+    """Greedy output against plain decoding's, with serve-test's tie rule (``serve_test.lossless``): a difference
+    whose plain run led by less than ``tie_margin`` nats is a numerical tie, logged and reported, failing only in
+    ``strict`` mode; any other difference fails (:class:`CheckFailed`). ``off``: nothing is compared."""
+    spec = recipe.serve_test.lossless
+    if spec.mode == "off":
+        for m in runs.values():
+            m.identical_to_plain = None
+        return {"mode": "off", "compared": False, "numerical_ties": 0, "ties": []}
+    ties = [{"draft_len": k, "concurrency": b, **t} for (k, b), m in sorted(runs.items()) for t in m.ties]
+    if ties:
+        shown = "; ".join(f"draft length {_length(t['draft_len'])} prompt {t['prompt']} token {t['position']}: "
+                          f"{t['margin']:g} nats" for t in ties[:5]) + ("; ..." if len(ties) > 5 else "")
+        output.log(f"tune: {len(ties)} difference(s) from plain decoding at a numerical tie (the plain run's lead "
+                   f"< serve_test.lossless.tie_margin {spec.tie_margin:g} nats"
+                   + (", which fails in strict mode" if spec.mode == "strict" else ", counted as equal") + f"): {shown}")
+    diverged = sorted((k, b) for (k, b), m in runs.items() if m.first_divergence is not None
+                      or m.identical_to_plain is False and not m.ties)
+    if diverged:
+        k, b = diverged[0]
+        where = runs[(k, b)].first_divergence or {}
+        diag = where.get("diagnosis") or {}
+        why = ""
+        if diag.get("class") == "divergence" and diag.get("margin") is not None:
+            why = f"; the plain run led by {diag['margin']:g} nats there, at least the tie margin {spec.tie_margin:g}"
+        elif diag:
+            why = f"; not diagnosed as a tie: {diag.get('note') or diag.get('class')}"
+        raise CheckFailed(f"tune: draft length {_length(k)}, concurrency {b}: "
+                          f"the greedy output differs from plain decoding's on prompt {where.get('prompt')} at "
+                          f"output token {where.get('position')} (greedy must be lossless{why})",
+                          fix="run `specconvert serve-test RECIPE` to find the first divergence")
+    if ties and spec.mode == "strict":
+        t = ties[0]
+        raise CheckFailed(f"tune: draft length {_length(t['draft_len'])}, concurrency {t['concurrency']}: the greedy "
+                          f"output differs from plain decoding's on prompt {t['prompt']} at output token {t['position']}, "
+                          f"a numerical tie ({t['margin']:g} nats < {spec.tie_margin:g}) that fails in strict mode",
+                          fix="set serve_test.lossless.mode: greedy to count numerical ties as equal")
+    return {"mode": spec.mode, "compared": True, "tie_margin": spec.tie_margin, "numerical_ties": len(ties),
+            "ties": ties}
 
 
 def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[int, int], float]) -> list[str]:
@@ -238,14 +287,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
         if any(m.failed_requests for m in runs.values()):
             bad = sum(m.failed_requests for m in runs.values())
             raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
-        diverged = sorted((k, b) for (k, b), m in runs.items() if m.identical_to_plain is False)
-        if diverged:
-            k, b = diverged[0]
-            where = runs[(k, b)].first_divergence or {}
-            raise CheckFailed(f"tune: draft length {'0 (drafter idle)' if k == DRAFTER_IDLE else k}, concurrency {b}: "
-                              f"the greedy output differs from plain decoding's on prompt {where.get('prompt')} at "
-                              f"output token {where.get('position')} (greedy must be lossless)",
-                              fix="run `specconvert serve-test RECIPE` to find the first divergence")
+        lossless = lossless_verdict(recipe, runs)
         runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
         longest = [m for (k, _), m in runs.items() if k == top]
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
@@ -273,6 +315,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             "candidates": lengths,
             "concurrency": lvls,
             "margin": recipe.tune.margin,
+            "lossless": lossless,
             "per_position_acceptance": [round(p, 4) for p in acceptance],
             "measurements": [m.as_dict() for m in runs.values()],
             "table": decision["rows"],
@@ -313,6 +356,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["", "vLLM with the drafter loaded and its schedule at 0 (what a 0 in `num_speculative_tokens_per_batch_size` "
                 "costs: the drafter still runs each step): "
                 + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s" for b, m in idle.items())]
+    lossless = report.get("lossless") or {}
+    if lossless.get("numerical_ties"):
+        out += ["", f"Lossless: {lossless['numerical_ties']} difference(s) from plain decoding at a numerical tie "
+                f"(the plain run's lead < {lossless['tie_margin']:g} nats, `serve_test.lossless.tie_margin`): "
+                + "; ".join(f"draft length {t['draft_len']}, prompt {t['prompt']}, token {t['position']}: "
+                            f"{t['margin']:g} nats" for t in lossless["ties"])]
+    elif lossless.get("compared") is False:
+        out += ["", "Lossless: not compared (`serve_test.lossless.mode: off`)"]
     out += ["", "## Choice", ""] + [f"- {line}" for line in report["verdict"]]
     out += ["", "## Each engine's schedule, as `build` derives it with this recipe now", "",
             "build makes the choice again from the measurements above, with its own settings (the TensorRT-LLM "

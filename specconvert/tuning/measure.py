@@ -10,9 +10,14 @@ tokens, decoding wall time, request-steps and accepted drafts per position.
   runs interleaved level by level and length by length (A B C D A B C D ...). Acceptance comes
   from each server's Prometheus counters, tokens from the token ids vLLM returns per chunk.
   Lossless: every candidate's greedy output token ids at concurrency 1 (one request at a time)
-  are compared with plain decoding's on the same prompts; batched runs are not compared.
+  are compared with plain decoding's on the same prompts; batched runs are not compared. At a
+  prompt's first difference the still-running plain server is asked again for its top logprobs
+  there (serve-test's tie rule, ``serving.oracle.diagnose_by_asking``): a lead below the tie margin
+  is a numerical tie (a verify forward scores several tokens at once, so a near-tie may flip) and
+  ends the comparison of that prompt only; anything else is a divergence.
   Where RAM does not hold every server (``runtime.vllm_servers``), one server at a time runs all
-  its levels; the drift between candidates is then not cancelled, and the report says so.
+  its levels, plain decoding's last (so the diagnosis can ask it); the drift between candidates is
+  then not cancelled, and the report says so.
   One more vLLM candidate, :data:`DRAFTER_IDLE`: a server whose schedule drafts 0 tokens at every
   batch size. A 0 in vLLM's schedule is not the baseline: vLLM 0.32 still runs the drafter's
   forward pass every step to keep its KV cache in sync (``vllm/v1/spec_decode/llm_base_proposer.py``,
@@ -46,7 +51,10 @@ class Measured:
     # greedy output token ids equal to plain decoding's on the same prompts; None = not compared (vLLM compares
     # at concurrency 1 only: batched runs are not batch-invariant, so a near-tie may flip there legitimately)
     identical_to_plain: bool | None = True
-    first_divergence: dict[str, int] | None = None  # {"prompt": i, "position": p} of the first differing token
+    # the first difference that is not a numerical tie: {"prompt": i, "position": p, "diagnosis": {...} | None}
+    first_divergence: dict[str, Any] | None = None
+    # differences the plain run's logprobs call a numerical tie: {"prompt", "position", "margin", "tie_margin"}
+    ties: list[dict[str, Any]] = field(default_factory=list)
     failed_requests: int = 0
 
     @property
@@ -69,7 +77,7 @@ class Measured:
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "acceptance_length": round(self.acceptance_length, 4) if self.acceptance_length else None,
                 "identical_to_plain": self.identical_to_plain, "first_divergence": self.first_divergence,
-                "failed_requests": self.failed_requests}
+                "numerical_ties": self.ties, "failed_requests": self.failed_requests}
 
 
 def per_position(m: Measured) -> list[float]:
@@ -82,27 +90,52 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def differences(outputs: dict[int, dict[int, list[int] | None]]) -> dict[int, list[tuple[int, int]]]:
+    """Per candidate (``outputs[k][request index]``): ``(request index, first differing token)`` of every
+    request whose token ids differ from plain decoding's (k = 0) on the same prompt, in request order."""
+    plain = outputs.get(0) or {}
+    found: dict[int, list[tuple[int, int]]] = {}
+    for k, got in outputs.items():
+        if k == 0:
+            continue
+        for i, ids in sorted(got.items()):
+            ref = plain.get(i)
+            if ids is not None and ref is not None and ids != ref:
+                found.setdefault(k, []).append((i, first_difference(ids, ref)))
+    return found
+
+
 def compare_to_plain(runs: dict[tuple[int, int], Measured], outputs: dict[int, dict[int, list[int] | None]],
-                     level: int) -> None:
+                     level: int, diagnoses: dict[tuple[int, int], dict[str, Any]] | None = None) -> None:
     """Set ``identical_to_plain`` of every candidate's run at ``level`` from its output token ids per prompt
     (``outputs[k][request index]``) against plain decoding's (k = 0) on the same prompts; None where no
-    request had token ids on both sides."""
+    request had token ids on both sides. ``diagnoses[(k, request index)]`` (``serving.oracle.diagnose``'s) of
+    a difference: class ``tie`` goes to ``ties`` and ends that prompt's comparison only; any other class, or
+    none, is the ``first_divergence`` and ends the comparison."""
     plain = outputs.get(0) or {}
+    diagnoses = diagnoses or {}
     for k, got in outputs.items():
         m = runs.get((k, level))
         if k == 0 or m is None:
             continue
         compared = 0
-        m.identical_to_plain, m.first_divergence = True, None
+        m.identical_to_plain, m.first_divergence, m.ties = True, None, []
         for i, ids in sorted(got.items()):
             ref = plain.get(i)
             if ids is None or ref is None:
                 continue
             compared += 1
-            if ids != ref:
-                m.identical_to_plain = False
-                m.first_divergence = {"prompt": i, "position": first_difference(ids, ref)}
-                break
+            if ids == ref:
+                continue
+            m.identical_to_plain = False
+            position = first_difference(ids, ref)
+            diag = diagnoses.get((k, i))
+            if diag is not None and diag.get("class") == "tie":
+                m.ties.append({"prompt": i, "position": position, "margin": diag.get("margin"),
+                               "tie_margin": diag.get("tie_margin")})
+                continue
+            m.first_divergence = {"prompt": i, "position": position, "diagnosis": diag}
+            break
         if not compared:
             m.identical_to_plain = None
 
@@ -162,25 +195,71 @@ def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime:
 def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads: Sequence[dict[str, Any]],
                  levels: Sequence[int], log_dir: Path, startup_timeout_s: float, run_timeout_s: float,
                  repeats: int = 1, on_run: Callable[[], None] | None = None,
-                 together: bool = True) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
+                 together: bool = True, tie_margin: float | None = 0.05
+                 ) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
     """Start every candidate's server, then run ``payloads`` at each level on each, interleaved
-    (``together=False``: one server at a time, each running all its levels before the next starts)."""
+    (``together=False``: one server at a time, each running all its levels before the next starts, plain
+    decoding's last). While the plain server is up, each candidate's first difference per prompt at
+    concurrency 1 is diagnosed against it (``tie_margin``; None: outputs are not compared at all)."""
     from ..bench.servers import started_servers
 
     out: dict[tuple[int, int], Measured] = {}
     outputs: dict[int, dict[int, list[int] | None]] = {}  # draft length -> request index -> token ids, at level 1
+    diagnoses: dict[tuple[int, int], dict[str, Any]] = {}
     servers: list[dict[str, Any]] = []
-    groups = [list(launches)] if together else [[k] for k in launches]
+    # one at a time: plain decoding last, so every candidate's outputs exist while its server is still up
+    groups = [list(launches)] if together else [[k] for k in sorted(launches, key=lambda k: k == 0)]
     for group in groups:
         with started_servers([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
                              stage="tune") as started:
             urls = {k: started[_label(k)] for k in group}
             asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run, outputs))
+            if 0 in urls and tie_margin is not None:
+                diagnoses = asyncio.run(_diagnose(urls[0], payloads, outputs, tie_margin, run_timeout_s))
             servers += started["servers"]
     for (k, _), m in out.items():
         m.identical_to_plain = True if k == 0 else None  # compared below, at concurrency 1 only
-    compare_to_plain(out, outputs, 1)
+    if tie_margin is not None:
+        compare_to_plain(out, outputs, 1, diagnoses)
     return out, servers
+
+
+async def _diagnose(url: str, payloads: Sequence[dict[str, Any]], outputs: dict[int, dict[int, list[int] | None]],
+                    tie_margin: float, run_timeout_s: float) -> dict[tuple[int, int], dict[str, Any]]:
+    """Each candidate's differences from plain decoding, in request order, asked of the plain server until the
+    first that is not a tie (the comparison stops there); identical requests and difference points share one ask."""
+    import json
+
+    from ..serving.client import OpenAIClient
+    from ..serving.oracle import diagnose_by_asking
+
+    found = differences(outputs)
+    if not found:
+        return {}
+    plain = outputs.get(0) or {}
+    sent = ("messages", "prompt", "max_tokens", "temperature", "stream", "stream_options")
+    done: dict[str, dict[str, Any]] = {}
+    diagnoses: dict[tuple[int, int], dict[str, Any]] = {}
+    async with OpenAIClient(url, request_timeout_s=run_timeout_s) as client:
+        model = ((await client.models()) or [None])[0]
+        for k, where in sorted(found.items()):
+            for i, index in where:
+                payload, ids = payloads[i], outputs[k][i] or []
+                key = json.dumps([payload, index, ids[index] if index < len(ids) else None], sort_keys=True)
+                if key not in done:
+                    chat = "messages" in payload
+                    extra = {f: v for f, v in payload.items() if f not in sent}
+
+                    def send(max_tokens: int, fields: dict[str, Any], payload=payload, chat=chat) -> Any:
+                        if chat:
+                            return client.chat(model, payload["messages"], max_tokens=max_tokens, temperature=0.0, extra=fields)
+                        return client.complete(model, payload["prompt"], max_tokens=max_tokens, temperature=0.0, extra=fields)
+
+                    done[key] = await diagnose_by_asking(send, chat, plain.get(i) or [], ids, index, tie_margin, extra)
+                diagnoses[(k, i)] = done[key]
+                if done[key].get("class") != "tie":
+                    break
+    return diagnoses
 
 
 def _label(k: int) -> str:

@@ -17,6 +17,10 @@ together run (and finish) together. Each step looks its draft length up in the
 (vLLM's lookup by batch size): where it gives 0, that step decodes one token and drafts nothing.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
 ``FAKE_VLLM_LOSSY_K=N``: the server with ``num_speculative_tokens`` N streams token id 3 as 1003.
+Non-streaming requests asking ``logprobs`` get OpenAI logprobs (tokens spelled ``token_id:N`` with
+``return_tokens_as_token_ids``, else as text): each token leads a runner-up by 5 nats, except token 3,
+whose runner-up is 1003 (the lossy token) ``FAKE_VLLM_TIE_MARGIN`` nats behind (default 3: a real
+divergence; 0.02 plants a near-tie).
 """
 
 from __future__ import annotations
@@ -129,6 +133,8 @@ def main(argv: list[str]) -> None:
                       if is_chat else {"index": 0, "text": text(ids), "finish_reason": "length"})
             if with_ids:
                 choice["token_ids"] = ids
+            if body.get("logprobs"):
+                choice["logprobs"] = logprobs(ids, is_chat, bool(body.get("return_tokens_as_token_ids")))
             return JSONResponse({"id": "x", "object": "chat.completion", "model": name, "choices": [choice],
                                  "usage": {"prompt_tokens": 5, "completion_tokens": len(ids)}})
 
@@ -145,6 +151,17 @@ def main(argv: list[str]) -> None:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    def logprobs(ids, is_chat, by_id):
+        """OpenAI logprobs of ``ids``: each token at -0.1, its runner-up 5 nats behind (1003 FAKE_VLLM_TIE_MARGIN behind 3)."""
+        spell = (lambda t: f"token_id:{t}") if by_id else (lambda t: f"t{t} ")  # noqa: E731
+        tie = float(os.environ.get("FAKE_VLLM_TIE_MARGIN", "3"))
+        tops = [[(spell(t), -0.1), (spell(1003 if t == 3 else t + 2000), -0.1 - (tie if t == 3 else 5.0))] for t in ids]
+        if is_chat:
+            return {"content": [{"token": top[0][0], "logprob": top[0][1],
+                                 "top_logprobs": [{"token": tok, "logprob": lp} for tok, lp in top]} for top in tops]}
+        return {"tokens": [top[0][0] for top in tops], "token_logprobs": [top[0][1] for top in tops],
+                "top_logprobs": [dict(top) for top in tops]}
 
     def lossy(ids):
         """``FAKE_VLLM_LOSSY_K=N``: the server drafting N streams token id 3 changed (a lossy engine), ids only."""

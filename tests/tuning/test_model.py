@@ -61,3 +61,23 @@ def test_schedule_needs_batch_one():
 
 def test_single_choice_is_one_unbounded_segment():
     assert M.schedule({1: 2, 4: 2}) == [M.Segment(1, None, 2)]
+
+
+def test_a_tie_ends_only_its_own_prompts_comparison():
+    """compare_to_plain: a difference diagnosed as a numerical tie is recorded and the next prompt is still compared;
+    the first difference that is not a tie (or has no diagnosis) is the divergence and ends the comparison."""
+    from specconvert.tuning.measure import Measured, compare_to_plain, differences
+
+    outputs = {0: {0: [1, 2, 3], 1: [4, 5, 6], 2: [7, 8, 9]},
+               1: {0: [1, 9, 9], 1: [4, 5, 6], 2: [7, 0, 0]},
+               2: {0: [1, 2, 0], 1: [4, 5, 6], 2: [7, 8, 9]}}
+    assert differences(outputs) == {1: [(0, 1), (2, 1)], 2: [(0, 2)]}
+    runs = {(k, 1): Measured(k, 1) for k in (0, 1, 2)}
+    tie = {"class": "tie", "margin": 0.01, "tie_margin": 0.05}
+    compare_to_plain(runs, outputs, 1, {(1, 0): tie, (1, 2): {"class": "divergence", "margin": 2.0}, (2, 0): tie})
+    one, two = runs[(1, 1)], runs[(2, 1)]
+    assert one.identical_to_plain is False and one.ties == [{"prompt": 0, "position": 1, "margin": 0.01, "tie_margin": 0.05}]
+    assert one.first_divergence == {"prompt": 2, "position": 1, "diagnosis": {"class": "divergence", "margin": 2.0}}
+    assert two.identical_to_plain is False and two.first_divergence is None and len(two.ties) == 1
+    compare_to_plain(runs, outputs, 1)  # nothing diagnosed: the first difference is the divergence
+    assert runs[(1, 1)].first_divergence == {"prompt": 0, "position": 1, "diagnosis": None} and not runs[(1, 1)].ties

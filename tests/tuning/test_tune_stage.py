@@ -129,6 +129,55 @@ def test_tune_on_vllm_fails_when_a_length_changes_the_greedy_output(tiny_recipe,
     err = capsys.readouterr().err
     assert code == 1, err[-2000:]
     assert "draft length 2, concurrency 1" in err and "prompt 0 at output token 3" in err
+    # asked again for its logprobs there, the plain server led by 3 nats (FAKE_VLLM_TIE_MARGIN's default): no tie
+    assert "led by 3 nats there" in err
+    # serve_test.lossless.mode: off compares nothing, in tune as in serve-test
+    assert _cli("tune", path, "--force", "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+                "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=10",
+                "--set", "serve_test.lossless.mode=off") == 0, capsys.readouterr().err[-2000:]
+    report = json.loads((root / "work" / "tune" / "report.json").read_text())
+    assert report["lossless"]["compared"] is False
+    assert all(m["identical_to_plain"] is None for m in report["measurements"])
+
+
+@pytest.mark.parametrize("servers", ["together", "one"])
+def test_tune_on_vllm_passes_a_numerical_tie_and_reports_it(tiny_recipe, fake_vllm, monkeypatch, capsys,  # noqa: F811
+                                                             servers):
+    """The k=2 server of the vLLM TEST DOUBLE streams token 3 as 1003, and the plain server's logprobs put 1003 only
+    0.02 nats behind 3: serve-test's tie rule (serve_test.lossless.tie_margin 0.05) calls it a numerical tie, so tune
+    passes and reports where; the other prompts are still compared. With one server at a time, plain decoding's runs
+    last, so it is still up to be asked. In strict mode the tie fails."""
+    from specconvert.backends.vllm import memory
+
+    root, path = tiny_recipe
+    exe, log = fake_vllm
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 64.0 if servers == "together" else 1.0)
+    monkeypatch.setenv("FAKE_VLLM_LOSSY_K", "2")
+    monkeypatch.setenv("FAKE_VLLM_TIE_MARGIN", "0.02")
+    args = ["tune", path, "--force", "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
+            "--set", "runtime.vllm_threads=1", "--set", "tune.max_tokens=6"]
+    capsys.readouterr()
+    code = _cli(*args)
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    if servers == "one":  # plain decoding's server started last
+        names = [a[a.index("--served-model-name") + 1] for a in
+                 (json.loads(line)["argv"] for line in log.read_text().splitlines())]
+        assert names[-1] == "tiny-tune-k0"
+    report = json.loads((root / "work" / "tune" / "report.json").read_text())
+    k2 = next(m for m in report["measurements"] if (m["draft_len"], m["concurrency"]) == (2, 1))
+    assert k2["identical_to_plain"] is False and k2["first_divergence"] is None
+    # every request (8: 2 x the highest level) differs at token 3, each prompt a tie of its own
+    assert [(t["prompt"], t["position"], t["margin"]) for t in k2["numerical_ties"]] == [(i, 3, 0.02) for i in range(8)]
+    lossless = report["lossless"]
+    assert lossless["mode"] == "greedy" and lossless["numerical_ties"] == 8
+    assert lossless["ties"][0] == {"draft_len": 2, "concurrency": 1, "prompt": 0, "position": 3, "margin": 0.02,
+                                   "tie_margin": 0.05}
+    assert "8 difference(s) from plain decoding at a numerical tie" in err and "prompt 0 token 3: 0.02 nats" in err
+    assert "draft length 2, prompt 0, token 3: 0.02 nats" in (root / "work" / "tune" / "report.md").read_text()
+    if servers == "together":
+        assert _cli(*args, "--set", "serve_test.lossless.mode=strict") == 1
+        assert "a numerical tie (0.02 nats < 0.05) that fails in strict mode" in capsys.readouterr().err
 
 
 def test_vllm_choice_weighs_a_scheduled_zero_at_its_measured_cost():
