@@ -63,8 +63,10 @@ def preflight(recipe: Any, target_vocab: int) -> None:
         load_prompt_samples(train.eval_prompts, "draft.train.eval_prompts", recipe.base_dir)
     if train.synthesize and train.synthesis.engine == "vllm":
         from ..backends.vllm import launch
+        from .answers.vllm import SYNTHESIS_INSTEAD, SYNTHESIS_NEEDS
 
-        launch.find_python(recipe.runtime, launch.project_roots(recipe.base_dir / "recipe.yaml"))  # exit 3 before any load
+        launch.find_python(recipe.runtime, launch.project_roots(recipe.base_dir / "recipe.yaml"),  # exit 3 before any load
+                           SYNTHESIS_NEEDS, SYNTHESIS_INSTEAD)
     size = vocab_size(recipe, target_vocab)
     if size > target_vocab:
         raise InputError(

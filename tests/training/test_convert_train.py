@@ -175,4 +175,6 @@ def test_engine_vllm_without_vllm_stops_before_loading_anything(cli, tmp_path, t
     result = cli("convert", path)
     assert result.code == 3, result.stderr
     assert "no Python with vLLM" in result.stderr and "Traceback" not in result.stderr
+    # it names the key that asked for vLLM and the way to do without it (the default recipe synthesizes on vLLM)
+    assert "for draft.train.synthesis.engine: vllm" in result.stderr and "engine: inprocess" in result.stderr
     assert not list(tmp_path.rglob("synthesis-*.jsonl")) and not list(tmp_path.rglob("manifest.json"))

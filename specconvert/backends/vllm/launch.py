@@ -212,11 +212,13 @@ def can_import_vllm(python: str, timeout_s: float = 60.0) -> bool:
     return done.returncode == 0
 
 
-def find_python(runtime: Any, roots: list[Path]) -> str:
-    """The Python that runs vLLM; exit 3 (EnvironmentMissing) with the install line when there is none."""
+def find_python(runtime: Any, roots: list[Path], needed_by: str = "runtime.backend: vllm", instead: str = "") -> str:
+    """The Python that runs vLLM; exit 3 (EnvironmentMissing) with the install line when there is none.
+    ``needed_by`` names the recipe setting that asked for vLLM, ``instead`` a way to do without it."""
     tried = candidate_pythons(runtime, roots)
     for python in tried:
         if can_import_vllm(python):
             return python
     where = "runtime.vllm_python " + tried[0] if runtime.vllm_python else "tried " + ", ".join(tried)
-    raise EnvironmentMissing(f"no Python with vLLM found for runtime.backend: vllm ({where})", fix=INSTALL_HINT)
+    raise EnvironmentMissing(f"no Python with vLLM found for {needed_by} ({where})",
+                             fix=INSTALL_HINT + (f"; or {instead}" if instead else ""))

@@ -20,6 +20,8 @@ from . import AnswerSource, Emit, Key, Sampling
 from .url import ServedSource
 
 HOST = "127.0.0.1"
+SYNTHESIS_NEEDS = "draft.train.synthesis.engine: vllm"
+SYNTHESIS_INSTEAD = "set draft.train.synthesis.engine: inprocess (slower: transformers generate in convert's process)"
 
 
 class VllmSource(AnswerSource):
@@ -72,7 +74,8 @@ class VllmSource(AnswerSource):
         from ...backends.vllm import launch
         from ...serving.process import ServerProcess, ServerStartError, free_port, sigterm_unwinds
 
-        python = launch.find_python(self.recipe.runtime, launch.project_roots(self.recipe.base_dir / "recipe.yaml"))
+        python = launch.find_python(self.recipe.runtime, launch.project_roots(self.recipe.base_dir / "recipe.yaml"),
+                                    SYNTHESIS_NEEDS, SYNTHESIS_INSTEAD)
         port = free_port(HOST)
         argv, env = self.command(python, port)
         url = f"http://{HOST}:{port}"
