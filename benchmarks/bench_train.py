@@ -6,7 +6,7 @@
     python benchmarks/bench_train.py --recipe recipes/smollm2-135m/instruct_eagle3-train-long_cpu.yaml --minutes 30,60,120
 
 Each budget is a separate `specconvert convert` run in its own workdir
-(runs/bench-train/<label>-<budget>), all sharing one synthesis cache, so the data
+(runs/bench-train/<label>-<budget>), all sharing one synthesis and self:N prompt cache, so the data
 is generated once. The budget is set explicitly on every run, whatever the recipe
 says: `--minutes M` trains for M wall-clock minutes with the schedule following the
 clock (`steps=null`, `epochs=1000`, `max_minutes=M`); `--steps N` trains exactly N
@@ -42,7 +42,7 @@ def budget_sets(kind: str, value: float) -> list[str]:
 def run_one(recipe: Path, workdir: Path, budget: list[str], overrides: list[str], shared_cache: Path) -> dict:
     cache = workdir / "cache" / "train"
     cache.mkdir(parents=True, exist_ok=True)
-    for f in shared_cache.glob("synthesis-*.jsonl"):
+    for f in [*shared_cache.glob("synthesis-*.jsonl"), *shared_cache.glob("self-prompts-*.jsonl")]:
         if not (cache / f.name).exists():
             shutil.copy2(f, cache / f.name)
     cmd = [str(Path(sys.executable).parent / "specconvert"), "convert", str(recipe), "--json", "--force",
@@ -55,7 +55,7 @@ def run_one(recipe: Path, workdir: Path, budget: list[str], overrides: list[str]
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"convert failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    for f in cache.glob("synthesis-*.jsonl"):
+    for f in [*cache.glob("synthesis-*.jsonl"), *cache.glob("self-prompts-*.jsonl")]:  # the data, written once
         shutil.copy2(f, shared_cache / f.name)
     # a fresh checkpoint per budget: a finished run's checkpoint would be resumed by the next budget
     for f in cache.glob("checkpoint-*.safetensors"):
