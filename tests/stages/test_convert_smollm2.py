@@ -46,6 +46,8 @@ def test_default_recipe_trains_on_smollm2_chat_prompts(cli, tmp_path):
     recipe = REPO / "recipes" / "smollm2-135m-eagle3-cpu.yaml"
     result = cli("convert", recipe, "--json", "--set", f"workdir={tmp_path / 'run'}",
                  "--set", f"draft.train.prompts={prompts}", "--set", "draft.train.max_new_tokens=24",
+                 # make test has no vLLM: the recipe's served synthesis is make demo's (make test-vllm runs it)
+                 "--set", "draft.train.synthesis.engine=inprocess",
                  "--set", "draft.train.steps=4", "--set", "draft.train.epochs=null", "--set", "draft.train.batch_size=4", "--set", "draft.train.draft_vocab_size=1024",
                  "--set", "draft.train.eval_prompts=builtin:smoke", "--set", "draft.train.eval_samples=2",
                  "--set", "draft.train.eval_max_new_tokens=16")

@@ -1,7 +1,8 @@
 """`draft.train.synthesis.engine: vllm` against a real vLLM on SmolLM2 (``make test-vllm``; a minute or two).
 
 The project's own vLLM is started for the target alone, passes the probe against the in-process
-target, answers token-id prompts with the target's own greedy tokens, and is reaped afterwards.
+target, answers token-id prompts with the target's own greedy tokens, writes self:N prompts that a
+second run from an empty cache writes again, and is reaped afterwards.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def test_the_projects_vllm_answers_as_the_in_process_target_and_is_reaped(vllm_p
         got = answer_all(source, {(i, 0): p for i, p in enumerate(prompts)}, AnswerCache(tmp_path / "served.jsonl"), 24,
                          GREEDY)
         assert source.running and _vllm_processes()
+        # self:N through the same server: seeded per request, so a second stream from an empty cache is the same
+        from specconvert.recipe import SelfPromptsSpec
+        from specconvert.training.self_prompts import write_prompts
+
+        settings = SelfPromptsSpec(max_tokens=48, batch_size=4)
+        written = [write_prompts(6, model, tokenizer, stop_ids, settings, 0, [], tmp_path / f"self-{n}", "smol",
+                                 source=source) for n in range(2)]
+        assert len(written[0]) == 6 and written[0] == written[1]
     assert got == want
     assert not source.running and not _vllm_processes()  # reaped
 
