@@ -155,11 +155,14 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     if data.synthesized_tokens:
         rate = data.synthesized_tokens / data.synthesis_s if data.synthesis_s > 0 else 0.0
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
+        if data.synthesis_cached >= data.answers:  # nothing was generated: a rate would divide cached tokens by reading time
+            rate, cached = None, ", all from the cache"
         probed = f"; probe: {data.probe_tokens} tokens equal to the in-process target's" if data.probe_tokens else ""
         written = (f" ({data.self_prompts} written by the target in {data.self_prompts_s:.0f} s, {data.self_prompts_engine})"
                    if data.self_prompts else "")
         output.log(f"train data: {data.prompts} prompts{written}, {data.answers} answers ({spec.synthesis.engine}), "
-                   f"{data.synthesized_tokens} synthesized tokens in {data.synthesis_s:.0f} s ({rate:.0f} tok/s{cached}{probed}); "
+                   f"{data.synthesized_tokens} synthesized tokens in {data.synthesis_s:.0f} s "
+                   f"({f'{rate:.0f} tok/s' if rate is not None else 'read back'}{cached}{probed}); "
                    f"{data.text_tokens} teacher-forced text tokens")
     if spec.features == "quantized":
         _quantize_target(recipe, target, tokenizer)
