@@ -98,10 +98,13 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
                             recipe.name, tuned)
     servers += [vllm.chain_launch(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
                                   recipe.name, n, fixed_label(n)) for n in fixed]
+    # seeded sampled requests: the CPU build must not split a prompt (launch.whole_prefill_args)
+    whole = (vllm.whole_prefill_args(recipe.build, recipe.runtime)
+             if recipe.bench.temperature > 0 and vllm.is_cpu_build(python) else [])
     for server in servers:
         if only in (None, server.label):
             # argv ends with --host/--port, added per start (a free port each time)
-            out.append((server.label, [*server.argv, "--host", HOST], {**os.environ, **server.env}, True))
+            out.append((server.label, [*server.argv, *whole, "--host", HOST], {**os.environ, **server.env}, True))
     return out
 
 

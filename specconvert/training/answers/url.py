@@ -92,8 +92,11 @@ class ServedSource(AnswerSource):
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            for task in done:
-                task.result()  # the first failure, as raised
+            # read every failure (a dead server fails all requests in flight together): one left unread is
+            # printed with its traceback when the task is collected
+            failures = [exc for task in tasks if task in done and (exc := task.exception()) is not None]
+            if failures:
+                raise failures[0]
         finally:
             for client in clients:
                 await client.aclose()

@@ -66,6 +66,9 @@ class VllmSource(AnswerSource):
         build = self.recipe.build.model_copy(
             update={"max_batch_size": max(self.recipe.build.max_batch_size, self.spec.concurrency)})
         args = launch.server_args(str(self.target_path), None, build, runtime, f"{self.recipe.name}-synthesis")
+        if launch.is_cpu_build(python):
+            # every request here may be seeded (self:N always is): the CPU build must not split a prompt
+            args += launch.whole_prefill_args(build, runtime)
         argv = [python, "-m", launch.MODULE, *args, "--host", HOST, "--port", str(port)]
         return argv, {**os.environ, **launch.server_env(runtime)}
 
