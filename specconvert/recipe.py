@@ -98,6 +98,13 @@ class SynthesisSpec(_Strict):
         description="Sampling seed (with temperature > 0): served engines get seed + a per-answer offset in every "
         "request; in-process generation seeds each batch. Part of the data fingerprint.",
     )
+    answers_per_prompt: int = Field(
+        1, ge=1, le=64,
+        description="Answers the target gives each prompt, each sampled with its own seed (needs `temperature` > 0: "
+        "greedy answers would all be the same), each one training sequence: more of the target's own text from the "
+        "prompts you have. The held-out share takes whole prompts, never a prompt whose other answers are trained on. "
+        "Part of the data fingerprint.",
+    )
     probe_prompts: int = Field(
         2, ge=1, le=64,
         description="Served engines: prompts whose greedy answers must equal the in-process target's before bulk work "
@@ -120,6 +127,13 @@ class SynthesisSpec(_Strict):
         bad = [u for u in self.urls if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
         if bad:
             raise ValueError(f"not an http(s) base URL: {bad[0]!r}; give e.g. http://127.0.0.1:8000")
+        return self
+
+    @model_validator(mode="after")
+    def _several_answers_are_sampled(self) -> "SynthesisSpec":
+        if self.answers_per_prompt > 1 and self.temperature <= 0:
+            raise ValueError(f"answers_per_prompt: {self.answers_per_prompt} with temperature 0 gives the same greedy "
+                             "answer every time; set temperature (e.g. 0.7) or answers_per_prompt: 1")
         return self
 
 
@@ -251,6 +265,13 @@ class TrainSpec(_Strict):
     def _steps_or_epochs(self) -> "TrainSpec":
         if self.steps is not None and self.epochs is not None:
             raise ValueError("give one of draft.train.steps and draft.train.epochs, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _answers_need_synthesis(self) -> "TrainSpec":
+        if self.synthesis.answers_per_prompt > 1 and not self.synthesize:
+            raise ValueError("draft.train.synthesis.answers_per_prompt needs synthesize: true (with synthesize: false "
+                             "the prompt file's own answers are used); set synthesize: true or drop answers_per_prompt")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ class TrainSequence:
     input_ids: list[int]
     loss_mask: list[int]
     source: str  # "synthesized" | "given" | "text"
+    group: int | None = None  # the prompt of one of several answers to it: the held-out share takes whole groups
 
     @property
     def trained_tokens(self) -> int:
@@ -44,6 +45,7 @@ class TrainSequence:
 @dataclass
 class DataReport:
     prompts: int = 0
+    answers_per_prompt: int = 1  # sampled answers to each prompt (draft.train.synthesis.answers_per_prompt)
     synthesized_tokens: int = 0
     synthesis_s: float = 0.0
     synthesis_cached: int = 0  # answers that came from the cache
@@ -361,14 +363,24 @@ def build_sequences(
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (list(stop_ids) or [0])[0]
         # The probe's reference answers one prompt at a time, unpadded, as a server does.
         reference = InProcessSource(model, stop_ids, pad_id, 1)
+        # Several answers per prompt: the prompt list repeated, copy c of prompt i answered as prompt i + c*n, so
+        # every answer has its own key and seed (Sampling.request_seed), in process and served alike.
+        distinct = len(samples)
+        copies = train.synthesis.answers_per_prompt
+        samples = samples * copies
+        report.answers_per_prompt = copies
         key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
                                   [user_turns(s) for s in samples])
         share = f"-part{world.rank}of{world.size}" if world.parallel else ""
         report.synthesis_engine = train.synthesis.engine
         t0 = time.perf_counter()
         source = source or InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
-        sequences.extend(synthesize_conversations(train, samples, tokenizer, source, reference, stop_ids,
-                                                  cache_dir / f"synthesis-{key}{share}.jsonl", progress, world, report))
+        answered = synthesize_conversations(train, samples, tokenizer, source, reference, stop_ids,
+                                            cache_dir / f"synthesis-{key}{share}.jsonl", progress, world, report)
+        if copies > 1:
+            for n, seq in enumerate(answered):
+                seq.group = n % distinct
+        sequences.extend(answered)
         report.synthesis_s = time.perf_counter() - t0
     else:
         missing = 0

@@ -110,7 +110,20 @@ def split_holdout(sequences: list[TrainSequence], fraction: float, seed: int) ->
     order = list(range(len(sequences)))
     random.Random(seed).shuffle(order)
     n = max(1, int(round(fraction * len(sequences))))
-    held = set(order[:n])
+    # Whole groups (several answers to one prompt) go to one side: a held-out answer whose prompt is trained on
+    # with other answers would flatter the estimate. Sequences without a group are groups of one (the same split
+    # as before groups existed).
+    members: dict[Any, list[int]] = {}
+    for i, s in enumerate(sequences):
+        members.setdefault(("group", s.group) if s.group is not None else ("one", i), []).append(i)
+    held: set[int] = set()
+    for i in order:
+        if len(held) >= n:
+            break
+        s = sequences[i]
+        held.update(members[("group", s.group) if s.group is not None else ("one", i)])
+    if len(held) == len(sequences):
+        return sequences, []
     return [s for i, s in enumerate(sequences) if i not in held], [sequences[i] for i in sorted(held)]
 
 

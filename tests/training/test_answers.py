@@ -200,11 +200,19 @@ def test_settings_key_keeps_todays_inprocess_greedy_key_and_separates_sampling()
     pytest.param({"engine": "sglang"}, "engine", id="unknown-engine"),
     pytest.param({"temperature": -1}, "temperature", id="negative-temperature"),
     pytest.param({"concurency": 2}, "concurency", id="typo"),
+    pytest.param({"answers_per_prompt": 3}, "same greedy answer every time", id="several-greedy-answers"),
+    pytest.param({"answers_per_prompt": 0}, "answers_per_prompt", id="no-answers"),
+    pytest.param({"answers_per_prompt": 2, "temperature": 0.7, "synthesize": False}, "needs synthesize: true",
+                 id="several-answers-without-synthesis"),
 ])
 def test_bad_synthesis_keys_are_one_line_exit_2(synthesis, message):
     from specconvert.recipe import validate_recipe
 
-    data = {"name": "x", "target": {"model": "t"}, "draft": {"train": {"synthesis": synthesis}}}
+    synthesis = dict(synthesis)
+    train = {"synthesis": synthesis}
+    if "synthesize" in synthesis:
+        train["synthesize"] = synthesis.pop("synthesize")
+    data = {"name": "x", "target": {"model": "t"}, "draft": {"train": train}}
     with pytest.raises(InputError) as err:
         validate_recipe(data)
     assert err.value.exit_code == 2 and message in str(err.value.one_line()) + " ".join(err.value.problems)

@@ -194,3 +194,60 @@ def test_an_endpoint_serving_another_model_is_refused_before_anything_is_written
     assert err.value.exit_code == 2 and "answer token 0" in err.value.one_line()
     assert len(double.requests) == train.synthesis.probe_prompts  # the probe's prompts only: no bulk work
     assert not (tmp_path / "cache").exists()
+
+
+class Seeded(AnswerSource):
+    """Answers with tokens drawn from each request's seed (what a sampling engine does), and records the seeds."""
+
+    def __init__(self):
+        self.seeds = {}
+
+    def answer(self, jobs, max_new_tokens, sampling, emit):
+        for key, ids in jobs:
+            seed = sampling.request_seed(key)
+            self.seeds[key] = seed
+            emit(key, [65 + seed % 7, 65 + seed % 11, STOP])
+
+
+def test_several_sampled_answers_per_prompt_each_train_and_hold_out_together(tmp_path):
+    """answers_per_prompt: 3 answers each prompt three times with three seeds; the copies of one prompt share a
+    group, and the held-out share takes whole groups."""
+    import json
+
+    from specconvert.training.pipeline import split_holdout
+
+    tok = byte_tokenizer()
+    rows = [{"prompt": f"question {i}"} for i in range(10)]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    train = TrainSpec(prompts="p.jsonl", max_new_tokens=8, seq_len=64,
+                      synthesis={"engine": "url", "urls": ["http://h:1"], "temperature": 0.7, "answers_per_prompt": 3})
+    source = Seeded()
+    source.served = False  # no probe: this source is the target itself
+    seqs, report = build_sequences(train, tmp_path, None, tok, [STOP], tmp_path / "cache", "fp", Bar(), source=source)
+    assert len(seqs) == 30 and report.prompts == 10 and report.answers == 30 and report.answers_per_prompt == 3
+    assert len(set(source.seeds.values())) == 30  # every answer its own seed
+    for i in range(10):
+        copies = [seqs[i + 10 * c] for c in range(3)]
+        assert {s.group for s in copies} == {i}
+        prompt = prompt_ids({"prompt": f"question {i}"}, tok)
+        assert all(s.input_ids[:len(prompt)] == prompt for s in copies)
+    assert len({tuple(s.input_ids) for s in seqs}) > 10  # the copies were answered differently
+    for seed in range(5):
+        kept, held = split_holdout(seqs, 0.2, seed)
+        assert held and len(kept) + len(held) == 30
+        assert not {s.group for s in kept} & {s.group for s in held}
+
+
+def test_the_held_out_split_without_groups_is_the_one_before_groups_existed():
+    import random
+
+    from specconvert.training.data import TrainSequence
+    from specconvert.training.pipeline import split_holdout
+
+    seqs = [TrainSequence([i, i + 1], [0, 1], "synthesized") for i in range(40)]
+    for seed in range(3):
+        order = list(range(40))
+        random.Random(seed).shuffle(order)
+        before = set(order[:2])  # round(0.05 * 40)
+        kept, held = split_holdout(seqs, 0.05, seed)
+        assert [s.input_ids[0] for s in held] == sorted(before) and len(kept) == 38
