@@ -54,14 +54,52 @@ def canonical_hash(data: Any) -> str:
 
 
 def file_fingerprint(path: Path, hash_below: int = 1 << 20) -> dict[str, Any]:
-    """Identity of an input file: content hash when small, size + mtime when large."""
+    """Identity of an input file: its size and the sha256 of its content.
+
+    Content, not mtime: weights downloaded again, restored from a CI cache or converted again from
+    the same GGUF get a new mtime but are the same bytes, and what is keyed by them (the training
+    data synthesized from the target: hours on an 8B one) must stay valid. A large file's digest
+    is read once per version of the file and remembered under the cache root, keyed by its path,
+    size, mtime and inode, so a later run reads only its stat.
+    """
     st = path.stat()
-    entry: dict[str, Any] = {"size": st.st_size}
     if st.st_size <= hash_below:
-        entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    else:
-        entry["mtime_ns"] = st.st_mtime_ns
-    return entry
+        return {"size": st.st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {"size": st.st_size, "sha256": _remembered_digest(path, st)}
+
+
+def _remembered_digest(path: Path, st: os.stat_result) -> str:
+    from .models.sources import cache_root
+
+    resolved = path.resolve()
+    memo = cache_root() / "digests" / f"{hashlib.sha256(str(resolved).encode()).hexdigest()[:24]}.json"
+    stamp = {"path": str(resolved), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if isinstance(known, dict) and {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError):
+        pass  # no memo yet, or one cut short: hash again
+    digest = _sha256_file(path, st.st_size)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(memo, {**stamp, "sha256": digest})
+    except OSError:
+        pass  # a read-only cache costs a hash per run, nothing else
+    return digest
+
+
+def _sha256_file(path: Path, size: int) -> str:
+    from . import output
+
+    h = hashlib.sha256()
+    chunk = 16 << 20
+    with output.progress() as bar, path.open("rb") as fh:
+        task = bar.add_task(f"hashing {path.name} (once per version of the file)", total=max(1, -(-size // chunk)))
+        while block := fh.read(chunk):
+            h.update(block)
+            bar.advance(task)
+    return h.hexdigest()
 
 
 def tree_fingerprint(root: Path) -> dict[str, Any]:

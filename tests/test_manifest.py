@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import pytest
 
@@ -78,3 +80,50 @@ def test_a_folder_without_our_manifest_is_never_replaced(tmp_path):
             run.finish()
     assert [p.name for p in final.iterdir()] == ["NOTES.md"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+
+
+def _large(path, content):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_a_large_files_identity_is_its_content_not_its_mtime(tmp_path, monkeypatch):
+    # Weights downloaded again or converted again from the same GGUF are the same bytes with a new mtime:
+    # the target's fingerprint (and the synthesized training data keyed by it) must not change.
+    monkeypatch.setenv("SPECCONVERT_CACHE", str(tmp_path / "cache"))
+    from specconvert.manifest import tree_fingerprint
+
+    content = bytes(range(256)) * (12 << 10)  # 3 MiB: above the size hashed without a memo
+    first = _large(tmp_path / "a" / "model.safetensors", content)
+    again = _large(tmp_path / "b" / "model.safetensors", content)
+    os.utime(again, ns=(first.stat().st_mtime_ns + 10**12,) * 2)
+    assert tree_fingerprint(first.parent) == tree_fingerprint(again.parent)
+
+    changed = bytearray(content)
+    changed[len(content) // 2 + 7] ^= 1  # one bit in the middle, same size
+    _large(again, bytes(changed))
+    os.utime(again, ns=(first.stat().st_mtime_ns,) * 2)  # even with the first file's mtime
+    assert tree_fingerprint(first.parent) != tree_fingerprint(again.parent)
+
+
+def test_a_large_files_digest_is_read_once_per_version_and_a_broken_memo_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCONVERT_CACHE", str(tmp_path / "cache"))
+    from specconvert import manifest
+
+    path = _large(tmp_path / "w" / "model.safetensors", b"x" * (3 << 20))
+    reads = []
+    real = manifest._sha256_file
+    monkeypatch.setattr(manifest, "_sha256_file", lambda p, size: reads.append(p) or real(p, size))
+    expected = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest.file_fingerprint(path) == {"size": 3 << 20, "sha256": expected}
+    assert manifest.file_fingerprint(path)["sha256"] == expected
+    assert len(reads) == 1  # the second run read the memo, not the file
+    memos = list((tmp_path / "cache" / "digests").iterdir())
+    assert len(memos) == 1
+    memos[0].write_text('{"path": "cut sh')  # a memo cut by a crash
+    assert manifest.file_fingerprint(path)["sha256"] == expected and len(reads) == 2
+    path.write_bytes(b"y" * (3 << 20))  # a new version: new mtime, so hashed again
+    os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)
+    assert manifest.file_fingerprint(path)["sha256"] == hashlib.sha256(b"y" * (3 << 20)).hexdigest()
+    assert len(reads) == 3
