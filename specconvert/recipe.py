@@ -225,8 +225,10 @@ class TrainSpec(_Strict):
         "`num_processes` processes with FSDP2 (each holds 1/N), for targets larger than one device; the head stays "
         "replicated. Needs `num_processes` >= 2 and answers that are not generated in process (`synthesize: false`).",
     )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Training dtype of the head: `auto` = bfloat16 on CUDA, float32 on CPU (faster on CPUs without bf16 units)."
+    dtype: Literal["auto", "float32", "bfloat16", "bf16-mixed"] = Field(
+        "auto", description="Training precision of the head. `bf16-mixed`: float32 weights and optimizer, the forward and "
+        "backward in bfloat16 (torch.autocast). Worth it on CPUs that multiply bf16 in hardware (AMX, AVX-512 BF16); "
+        "on AVX2-only CPUs bf16 is emulated and slower. `auto` = bfloat16 on CUDA, float32 on CPU."
     )
     ttt_steps: int = Field(3, ge=1, le=8, description="Training-time-test steps (Model Optimizer `eagle_ttt_steps`): how many draft positions are trained.")
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints (an interrupted run resumes from the last one) and held-out evaluations.")

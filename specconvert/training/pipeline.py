@@ -80,9 +80,38 @@ def vocab_size(recipe: Any, target_vocab: int) -> int:
 
 
 def train_dtype(spec: str, device: str) -> str:
+    """The training precision: a torch dtype name, or ``bf16-mixed`` (float32 weights and optimizer, bf16 autocast)."""
     if spec != "auto":
         return spec
     return "bfloat16" if device == "cuda" else "float32"
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX-512 BF16).
+
+    Elsewhere (AVX2-only CPUs) bf16 is emulated and slower than float32, so convert warns when
+    ``bf16-mixed`` is asked for on such a CPU.
+    """
+    torch = require("torch")
+    cpu = getattr(torch, "cpu", None)
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        fn = getattr(cpu, probe, None)
+        try:
+            if fn is not None and fn():
+                return True
+        except Exception:  # noqa: BLE001 - a probe that cannot answer means "no"
+            pass
+    return False
+
+
+def emulated_bf16(dtype_name: str, device: str) -> bool:
+    """bf16 training asked for on a CPU that would emulate it (slower than float32)."""
+    return dtype_name in ("bf16-mixed", "bfloat16") and device.startswith("cpu") and not cpu_has_bf16_matmul()
+
+
+def param_dtype(dtype_name: str) -> str:
+    """The dtype the head's weights are held in (``bf16-mixed`` keeps them in float32)."""
+    return "float32" if dtype_name == "bf16-mixed" else dtype_name
 
 
 def data_fingerprint(recipe: Any) -> dict[str, Any]:
@@ -144,7 +173,10 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     if not world.main:
         output.set_mode(quiet=True)  # one process reports
     dtype_name = train_dtype(spec.dtype, device.split(":")[0])
-    dtype = getattr(torch, dtype_name)
+    dtype = getattr(torch, param_dtype(dtype_name))
+    if emulated_bf16(dtype_name, device):
+        output.warn("draft.train.dtype: bf16-mixed on a CPU without bf16 units (AMX or AVX-512 BF16) is emulated and "
+                    "slower than float32; set draft.train.dtype: float32 here")
     torch.manual_seed(spec.seed)
     with output.progress() as bar:
         task = bar.add_task("load target for training", total=1)
@@ -204,7 +236,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     )
     features = sharded.feature_extractor(target, aux_layer_ids, world)
     trainer = Trainer(spec, model, features, train_set, holdout, torch.device(device), dtype,
-                      cache / f"checkpoint-{run_key}.safetensors", run_key, world)
+                      cache / f"checkpoint-{run_key}.safetensors", run_key, world,
+                      autocast=torch.bfloat16 if dtype_name == "bf16-mixed" else None)
     if trainer.load_checkpoint():
         output.log(f"draft.train: resuming from step {trainer.step} ({trainer.elapsed_s / 60:.1f} min done) "
                    f"of checkpoint {trainer.checkpoint_path}")

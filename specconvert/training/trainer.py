@@ -24,6 +24,7 @@ last one, and the budget counts the time of every run together.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -200,7 +201,7 @@ class Trainer:
 
     def __init__(self, train: Any, train_model: Any, features: FeatureExtractor, sequences: list[TrainSequence],
                  holdout: list[TrainSequence], device: Any, dtype: Any, checkpoint_path: Path, fingerprint: str,
-                 world: Any = None):
+                 world: Any = None, autocast: Any = None):
         from .distributed import World
 
         torch = require("torch")
@@ -212,6 +213,8 @@ class Trainer:
         self.holdout = holdout
         self.device = device
         self.dtype = dtype
+        # bf16-mixed: float32 weights, optimizer and target logits; the head's forward (and so its backward) in bf16
+        self.autocast = autocast
         self.checkpoint_path = checkpoint_path
         self.fingerprint = fingerprint
         # One optimizer step consumes one batch per process (a global batch of batch_size x processes).
@@ -308,13 +311,16 @@ class Trainer:
         torch = require("torch")
         with torch.no_grad():
             logits = batch.final @ self._draft_rows.T  # the target's logits over the draft vocabulary
-        return self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            loss_mask=batch.loss_mask,
-            base_model_outputs={"base_model_hidden_states": batch.final, "aux_hidden_states": batch.aux,
-                                "base_model_logits": logits},
-        )
+        precision = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast is not None
+                     else contextlib.nullcontext())
+        with precision:
+            return self.model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                loss_mask=batch.loss_mask,
+                base_model_outputs={"base_model_hidden_states": batch.final, "aux_hidden_states": batch.aux,
+                                    "base_model_logits": logits},
+            )
 
     # ------------------------------------------------------------------ checkpoints
 

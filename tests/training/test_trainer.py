@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
     return target, seqs[:32], seqs[32:]
 
 
-def _trainer(setup, tmp_path, **spec):
+def _trainer(setup, tmp_path, autocast=None, **spec):
     import torch
 
     from specconvert.backends.modelopt.eagle import EagleArch
@@ -50,7 +50,8 @@ def _trainer(setup, tmp_path, **spec):
     arch = EagleArch.for_target(target.config, 128, 1)
     model = build_train_model(target, arch, AUX, vocab.used, spec.ttt_steps, torch.float32, torch.device("cpu"), spec.seed)
     features = FeatureExtractor(target, AUX)
-    return Trainer(spec, model, features, train, held, torch.device("cpu"), torch.float32, tmp_path / "ckpt.safetensors", "fp")
+    return Trainer(spec, model, features, train, held, torch.device("cpu"), torch.float32, tmp_path / "ckpt.safetensors", "fp",
+                   autocast=autocast)
 
 
 def test_training_lowers_the_loss_and_raises_heldout_accuracy(setup, tmp_path):
@@ -175,3 +176,40 @@ def test_with_a_step_budget_the_schedule_ignores_the_clock(setup, tmp_path):
     by_epochs = _trainer(setup, tmp_path / "e", steps=None, epochs=100, max_minutes=1)
     by_epochs.step, by_epochs.elapsed_s = 30, 55.0
     assert by_epochs.lr_factor() < quiet  # without steps the budget still shapes the decay
+
+
+def test_bf16_mixed_runs_the_head_in_bf16_and_keeps_float32_weights(setup, tmp_path):
+    """bf16-mixed: the head's matmuls in bf16 (AMX on CPU), the weights and AdamW in float32, and it still learns."""
+    import torch
+
+    trainer = _trainer(setup, tmp_path, autocast=torch.bfloat16, steps=30)
+    seen = []
+    hook = trainer.model.eagle_module.fc.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    loss0, acc0 = trainer.evaluate_holdout()
+    result = trainer.run(_Bar())
+    loss1, acc1 = trainer.evaluate_holdout()
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in trainer.params)
+    assert all(v.dtype == torch.float32 for k, v in result.tensors.items() if v.is_floating_point())
+    assert loss1 < 0.7 * loss0 and tau_estimate(acc1) > tau_estimate(acc0) + 0.5
+    plain = []
+    fp32 = _trainer(setup, tmp_path / "fp32", steps=1)
+    hook = fp32.model.eagle_module.fc.register_forward_hook(lambda mod, args, out: plain.append(out.dtype))
+    fp32.evaluate_holdout()
+    hook.remove()
+    assert set(plain) == {torch.float32}
+
+
+def test_precision_names_map_to_weight_dtypes_and_bf16_mixed_warns_only_without_bf16_units(monkeypatch):
+    from specconvert.training import pipeline
+
+    assert pipeline.train_dtype("auto", "cpu") == "float32" and pipeline.train_dtype("auto", "cuda") == "bfloat16"
+    assert pipeline.train_dtype("bf16-mixed", "cpu") == "bf16-mixed"  # an explicit setting is kept
+    assert pipeline.param_dtype("bf16-mixed") == "float32" and pipeline.param_dtype("bfloat16") == "bfloat16"
+    assert isinstance(pipeline.cpu_has_bf16_matmul(), bool)
+    monkeypatch.setattr(pipeline, "cpu_has_bf16_matmul", lambda: False)  # an AVX2-only CPU
+    assert pipeline.emulated_bf16("bf16-mixed", "cpu") and pipeline.emulated_bf16("bfloat16", "cpu")
+    assert not pipeline.emulated_bf16("float32", "cpu") and not pipeline.emulated_bf16("bf16-mixed", "cuda:0")
+    monkeypatch.setattr(pipeline, "cpu_has_bf16_matmul", lambda: True)  # AMX
+    assert not pipeline.emulated_bf16("bf16-mixed", "cpu")
