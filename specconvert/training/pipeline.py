@@ -175,7 +175,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     dtype_name = train_dtype(spec.dtype, device.split(":")[0])
     dtype = getattr(torch, param_dtype(dtype_name))
     if emulated_bf16(dtype_name, device):
-        output.warn("draft.train.dtype: bf16-mixed on a CPU without bf16 units (AMX or AVX-512 BF16) is emulated and "
+        output.warn(f"draft.train.dtype: {dtype_name} on a CPU without bf16 units (AMX or AVX-512 BF16) is emulated and "
                     "slower than float32; set draft.train.dtype: float32 here")
     torch.manual_seed(spec.seed)
     with output.progress() as bar:
