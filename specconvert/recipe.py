@@ -103,7 +103,8 @@ class SynthesisSpec(_Strict):
         description="Answers the target gives each prompt, each sampled with its own seed (needs `temperature` > 0: "
         "greedy answers would all be the same), each one training sequence: more of the target's own text from the "
         "prompts you have. The held-out share takes whole prompts, never a prompt whose other answers are trained on. "
-        "Part of the data fingerprint.",
+        "Part of the data fingerprint; the answer cache is keyed by the distinct prompts, so raising it answers only "
+        "the new copies.",
     )
     probe_prompts: int = Field(
         2, ge=1, le=64,

@@ -365,12 +365,14 @@ def build_sequences(
         reference = InProcessSource(model, stop_ids, pad_id, 1)
         # Several answers per prompt: the prompt list repeated, copy c of prompt i answered as prompt i + c*n, so
         # every answer has its own key and seed (Sampling.request_seed), in process and served alike.
+        # Answer i depends only on its prompt (i mod n) and its seed (from i), never on the number of copies, so the
+        # cache is keyed by the distinct prompts: raising answers_per_prompt asks for the new copies alone.
+        key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
+                                  [user_turns(s) for s in samples])
         distinct = len(samples)
         copies = train.synthesis.answers_per_prompt
         samples = samples * copies
         report.answers_per_prompt = copies
-        key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
-                                  [user_turns(s) for s in samples])
         share = f"-part{world.rank}of{world.size}" if world.parallel else ""
         report.synthesis_engine = train.synthesis.engine
         t0 = time.perf_counter()

@@ -251,3 +251,31 @@ def test_the_held_out_split_without_groups_is_the_one_before_groups_existed():
         before = set(order[:2])  # round(0.05 * 40)
         kept, held = split_holdout(seqs, 0.05, seed)
         assert [s.input_ids[0] for s in held] == sorted(before) and len(kept) == 38
+
+
+def test_raising_answers_per_prompt_answers_only_the_new_copies(tmp_path):
+    """Copy c of prompt i is answer i + c*n with its own seed, whatever answers_per_prompt is: the cache is keyed by
+    the distinct prompts, so going from 2 to 3 answers asks for the third copies only and keeps the first two."""
+    import json
+
+    tok = byte_tokenizer()
+    rows = [{"prompt": f"question {i}"} for i in range(6)]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+
+    def run(copies):
+        train = TrainSpec(prompts="p.jsonl", max_new_tokens=8, seq_len=64,
+                          synthesis={"engine": "url", "urls": ["http://h:1"], "temperature": 0.7,
+                                     "answers_per_prompt": copies})
+        source = Seeded()
+        source.served = False
+        seqs, report = build_sequences(train, tmp_path, None, tok, [STOP], tmp_path / "cache", "fp", Bar(),
+                                       source=source)
+        return seqs, report, source
+
+    two, _, first = run(2)
+    assert len(first.seeds) == 12
+    three, report, second = run(3)
+    assert sorted(second.seeds) == [(i, 0) for i in range(12, 18)]  # only the new copies were asked for
+    assert report.synthesis_cached == 12 and len(three) == 18
+    assert [s.input_ids for s in three[:12]] == [s.input_ids for s in two]
+    assert len(list((tmp_path / "cache").glob("synthesis-*.jsonl"))) == 1
