@@ -232,6 +232,13 @@ class TrainSpec(_Strict):
         "on AVX2-only CPUs bf16 is emulated and slower. `auto` = bfloat16 on CUDA, float32 on CPU."
     )
     ttt_steps: int = Field(3, ge=1, le=8, description="Training-time-test steps (Model Optimizer `eagle_ttt_steps`): how many draft positions are trained.")
+    layer_init: Literal["random", "target"] = Field(
+        "random",
+        description="How the draft layer starts. `random`: Model Optimizer's normal init (std 0.02). `target`: as the "
+        "target's layer after the deepest aux feature (its attention on the feature half of q/k/v, MLP and norms, the "
+        "target's final norm; `fc` starts by passing that feature through), a start that is already a layer of this "
+        "model. Needs the target's layers to have the draft layer's shapes (Llama family). See docs/training.md.",
+    )
     checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints (an interrupted run resumes from the last one) and held-out evaluations.")
     holdout_fraction: float = Field(
         0.05, ge=0, lt=0.5, description="Share of training sequences held out to pick the best checkpoint (held-out draft accuracy)."

@@ -9,7 +9,7 @@ settings are left out, so a rerun with a larger ``max_minutes`` continues).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from .._imports import require
 from ..errors import EnvironmentMissing, InputError
 from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
 from .prompt_sets import check_prompt_sets, prompt_specs
-from .trainer import Trainer, TrainResult, build_train_model
+from .trainer import Trainer, TrainResult, build_train_model, check_target_layer, init_from_target_layer
 from .vocab import DraftVocab, calibrate
 
 
@@ -31,6 +31,7 @@ class TrainedHead:
     result: TrainResult
     dtype: str
     processes: int = 1
+    layer_init: dict[str, Any] = field(default_factory=lambda: {"kind": "random"})
 
     def manifest_section(self) -> dict[str, Any]:
         return {
@@ -38,6 +39,7 @@ class TrainedHead:
             "draft_vocab": self.vocab.as_dict(),
             "dtype": self.dtype,
             "processes": self.processes,
+            "layer_init": self.layer_init,
             **self.result.as_dict(),
         }
 
@@ -133,6 +135,20 @@ def data_fingerprint(recipe: Any) -> dict[str, Any]:
     return out
 
 
+def head_settings_key(spec: Any) -> dict[str, Any]:
+    """The ``draft.train`` settings that shape the head (part of its checkpoint's key).
+
+    Left out: what only bounds or reports the run, and ``synthesis`` (engine, URLs,
+    sampling), which shapes the data, whose tokens are in the key already. The default
+    ``layer_init`` adds nothing, so checkpoints written before the key existed stay valid.
+    """
+    exclude = {"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens", "checkpoint_every", "synthesis",
+               "features"}
+    if spec.layer_init == "random":
+        exclude.add("layer_init")
+    return spec.model_dump(mode="json", exclude=exclude)
+
+
 def split_holdout(sequences: list[TrainSequence], fraction: float, seed: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
     if fraction <= 0 or len(sequences) < 4:
         return sequences, []
@@ -190,6 +206,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
         bar.advance(task)
     stop_ids = list(eos_ids(target_path, tokenizer))
+    if spec.layer_init == "target":
+        check_target_layer(target, aux_layer_ids)  # before any synthesis: a target it cannot start from is refused now
     threads.apply_for_phase(recipe.runtime.threads, "synthesis")
     # A served source (a vLLM started here, or the user's URLs) lives only while the data is built: a started
     # server is stopped, on every exit path, before training needs the memory.
@@ -218,6 +236,10 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
                        f"covering {vocab.coverage:.1%} of trained tokens ({vocab.distinct_trained} distinct)")
     arch = EagleArch.for_target(config, len(vocab.used), recipe.draft.num_layers)
     model = build_train_model(target, arch, aux_layer_ids, vocab.used, spec.ttt_steps, dtype, torch.device(device), spec.seed)
+    layer_init: dict[str, Any] = {"kind": spec.layer_init}
+    if spec.layer_init == "target":
+        layer_init.update(init_from_target_layer(model, target, aux_layer_ids))
+        output.log(f"draft.train.layer_init: the draft layer starts as the target's layer {layer_init['target_layer']}")
     run_key = fingerprint(
         "train-v1",
         target_fingerprint,
@@ -226,9 +248,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         aux_layer_ids,
         arch.__dict__,
         dtype_name,
-        # `synthesis` (engine, URLs, sampling) shapes the data, and the data is in this key already.
-        spec.model_dump(mode="json", exclude={"max_minutes", "eval_prompts", "eval_samples", "eval_max_new_tokens",
-                                              "checkpoint_every", "synthesis", "features"}),
+        head_settings_key(spec),
         # a quantized-feature head depends on the calibration too (nothing added otherwise: existing keys stay valid)
         *(["quantized features", recipe.quantize.model_dump(
             mode="json", include={"format", "calib_samples", "calib_seq_len", "calib_prompts"})]
@@ -255,7 +275,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
                     f"(training resumes from the checkpoint)")
     output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
                        f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
-    return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size)
+    return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size, layer_init)
 
 
 def answer_source(recipe: Any, model: Any, tokenizer: Any, stop_ids: list[int], target_path: Path, target_dtype: str,

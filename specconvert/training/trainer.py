@@ -127,6 +127,8 @@ def build_train_model(target: Any, arch: Any, aux_layer_ids: list[int], used_ids
 
     Built on a weightless skeleton: only embeddings, final norm and lm_head are
     materialised (copied from ``target``), the decoder layers are never allocated.
+    The head starts at Model Optimizer's std-0.02 normal init; :func:`init_from_target_layer`
+    can then start its layer from the target's.
     """
     torch = require("torch")
     transformers = require("transformers")
@@ -184,6 +186,100 @@ def _init_head(model: Any, target: Any, used_ids: list[int], seed: int) -> None:
     for name, p in module.named_parameters():
         if name != "layers.0.input_layernorm.weight":
             p.requires_grad_(True)
+
+
+def target_layer_for(aux_layer_ids: Sequence[int], num_layers: int) -> int:
+    """The target layer a ``layer_init: target`` head starts from: the one after the deepest feature it reads.
+
+    Aux ids are layer outputs (the ``output`` convention every caller converts to), so
+    layer ``max + 1`` is the one whose input is the deepest feature; the last layer when
+    that feature is the last layer's own output.
+    """
+    return min(max(aux_layer_ids) + 1, num_layers - 1)
+
+
+# The draft layer's tensors that must take the target layer's values for the start to mean anything.
+_TARGET_INIT_REQUIRED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                         "self_attn.o_proj.weight")
+
+
+def check_target_layer(target: Any, aux_layer_ids: Sequence[int]) -> int:
+    """The layer index ``layer_init: target`` starts from; refuses (before any synthesis) a target without its tensors."""
+    from ..errors import InputError
+    from ..reference.target import find_layers
+
+    layers = find_layers(target)
+    index = target_layer_for(aux_layer_ids, len(layers))
+    names = set(layers[index].state_dict())
+    missing = [n for n in _TARGET_INIT_REQUIRED if n not in names]
+    if missing:
+        raise InputError(
+            f"draft.train.layer_init: target: layer {index} of the target ({type(layers[index]).__name__}) has no "
+            f"{', '.join(missing)}, so the draft layer cannot start from it",
+            fix="set draft.train.layer_init: random",
+        )
+    return index
+
+
+def init_from_target_layer(model: Any, target: Any, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
+    """Start the head as "the target's next layer on the deepest feature" (``draft.train.layer_init: target``).
+
+    The draft layer takes the weights of target layer ``L = target_layer_for(aux)``:
+    the feature half of its q/k/v projections (Model Optimizer feeds the first attention
+    ``cat(embeddings, hidden_norm(h))``, so the second half reads the feature), o_proj,
+    the MLP and the post-attention norm, with ``hidden_norm`` from L's input norm (the
+    draft's own ``input_layernorm`` stays frozen at 1, module doc); the head's final norm
+    takes the target's. ``fc`` becomes 0.1 x its random start plus the identity on the
+    deepest feature's block, so the fused feature starts as that feature. The embedding
+    half of q/k/v keeps its random start. Every other tensor of L whose name and shape
+    match is copied too (biases of targets that have them); the attention projections
+    must match, or the target's layers are not the draft's kind and this refuses.
+    Returns what was copied, for the manifest.
+    """
+    torch = require("torch")
+    from ..backends.modelopt.eagle import generation, module_name
+    from ..errors import InputError
+    from ..reference.target import find_layers
+
+    index = check_target_layer(target, aux_layer_ids)
+    src = {k: _full(v.detach()) for k, v in find_layers(target)[index].state_dict().items()}
+    module = model.eagle_module
+    gen = generation()
+    own = module.state_dict(keep_vars=True)
+    hidden = int(target.config.hidden_size)
+    copied: list[str] = []
+    with torch.no_grad():
+        for name, value in src.items():
+            dest = module_name("layers.0.hidden_norm.weight" if name == "input_layernorm.weight" else f"layers.0.{name}", gen)
+            tensor = own.get(dest)
+            if tensor is None:
+                continue
+            if tuple(tensor.shape) == tuple(value.shape):
+                tensor.copy_(value.to(tensor.dtype))
+            elif (name in _TARGET_INIT_REQUIRED[:3] and tensor.dim() == 2 and tensor.shape[0] == value.shape[0]
+                  and tensor.shape[1] == 2 * value.shape[1] == 2 * hidden):
+                tensor[:, hidden:].copy_(value.to(tensor.dtype))  # the feature half; the embedding half stays random
+            else:
+                continue
+            copied.append(name)
+        missing = [n for n in _TARGET_INIT_REQUIRED if n not in copied]
+        if missing:
+            raise InputError(
+                f"draft.train.layer_init: target: {', '.join(missing)} of the target's layer {index} do not have the "
+                f"draft layer's shapes, so the draft layer cannot start from it",
+                fix="set draft.train.layer_init: random",
+            )
+        base = target.get_decoder() if hasattr(target, "get_decoder") else getattr(target, "model", None)
+        final_norm = getattr(base, "norm", None)
+        norm = getattr(module, "norm", None)
+        if final_norm is not None and norm is not None and tuple(norm.weight.shape) == tuple(final_norm.weight.shape):
+            norm.weight.copy_(_full(final_norm.weight.detach()).to(norm.weight.dtype))
+            copied.append("final norm")
+        fc = module.fc.weight
+        block = list(aux_layer_ids).index(max(aux_layer_ids))  # the features are concatenated in aux order
+        fc.mul_(0.1)
+        fc[:, block * hidden:(block + 1) * hidden] += torch.eye(hidden, dtype=fc.dtype, device=fc.device)
+    return {"target_layer": index, "copied": copied}
 
 
 @dataclass

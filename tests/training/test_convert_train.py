@@ -81,6 +81,22 @@ def test_convert_trains_exports_and_measures_a_head_that_beats_the_untrained_one
     assert again.code == 0 and again.json()["skipped"] is True
 
 
+def test_layer_init_target_trains_from_the_targets_layer_and_keys_its_own_checkpoint(cli, tmp_path, target):
+    from specconvert.recipe import TrainSpec
+    from specconvert.training.pipeline import head_settings_key
+
+    result = cli("convert", recipe(tmp_path, target, steps=4, extra="    layer_init: target", eval_samples=2), "--json")
+    assert result.code == 0, result.stderr
+    section = result.json()["manifest"]["training"]
+    init = section["layer_init"]
+    assert init["kind"] == "target" and init["target_layer"] == 5  # the tiny target's aux outputs are {1, 3, 4}
+    assert {"self_attn.q_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight", "final norm"} <= set(init["copied"])
+    assert section["evaluation"]["shapes"]["chain-3"]["identical_to_plain"]
+    # its checkpoint is its own; the default adds nothing to the key (checkpoints from before the key stay valid)
+    assert head_settings_key(TrainSpec(layer_init="target"))["layer_init"] == "target"
+    assert "layer_init" not in head_settings_key(TrainSpec())
+
+
 @pytest.mark.parametrize(
     "draft, needle",
     [
@@ -89,6 +105,7 @@ def test_convert_trains_exports_and_measures_a_head_that_beats_the_untrained_one
         ("  train:\n    prompts: train.jsonl\n    draft_vocab_size: 999", "draft.train.draft_vocab_size: 999 is larger"),
         ("  train:\n    prompts: train.jsonl\n    steps: 5\n    epochs: 1", "give one of draft.train.steps and draft.train.epochs"),
         ("  train:\n    prompts: train.jsonl\n    eval_prompts: builtin:nope", "draft.train.eval_prompts: no built-in set 'nope'"),
+        ("  train:\n    prompts: train.jsonl\n    layer_init: layer27", "draft.train.layer_init"),
     ],
 )
 def test_bad_train_blocks_exit_2_and_write_nothing(cli, tmp_path, target, draft, needle):

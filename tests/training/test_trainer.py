@@ -213,3 +213,59 @@ def test_precision_names_map_to_weight_dtypes_and_bf16_mixed_warns_only_without_
     assert not pipeline.emulated_bf16("float32", "cpu") and not pipeline.emulated_bf16("bf16-mixed", "cuda:0")
     monkeypatch.setattr(pipeline, "cpu_has_bf16_matmul", lambda: True)  # AMX
     assert not pipeline.emulated_bf16("bf16-mixed", "cpu")
+
+
+def test_layer_init_target_starts_the_draft_layer_as_the_targets_next_layer(setup):
+    """`draft.train.layer_init: target`: the draft layer is the target's layer after the deepest feature, fc passes it."""
+    import torch
+
+    from specconvert.backends.modelopt.eagle import EagleArch
+    from specconvert.training.trainer import init_from_target_layer, target_layer_for
+
+    target, train, _ = setup
+    vocab = calibrate(train, 256, 128, always=[255])
+    arch = EagleArch.for_target(target.config, 128, 1)
+    model = build_train_model(target, arch, AUX, vocab.used, 3, torch.float32, torch.device("cpu"), 0)
+    before = {k: v.clone() for k, v in model.eagle_module.state_dict().items()}
+    report = init_from_target_layer(model, target, AUX)
+    assert report["target_layer"] == target_layer_for(AUX, 8) == 5  # outputs 1, 3, 4 are read: layer 5 comes next
+    src = target.model.layers[5]
+    layer = model.eagle_module.layers[0]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        ours, theirs = getattr(layer.self_attn, proj).weight, getattr(src.self_attn, proj).weight
+        assert torch.equal(ours[:, 64:], theirs)  # the feature half (Model Optimizer: cat(embeddings, hidden_norm(h)))
+        assert torch.equal(ours[:, :64], before[f"layers.0.self_attn.{proj}.weight"][:, :64])  # embedding half: random
+    for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        assert torch.equal(layer.get_submodule(name).weight, src.get_submodule(name).weight), name
+    assert torch.equal(layer.post_attention_layernorm.weight, src.post_attention_layernorm.weight)
+    assert torch.equal(layer.hidden_norm.weight, src.input_layernorm.weight)
+    assert torch.equal(layer.input_layernorm.weight, torch.ones(64))  # still frozen at 1 (the runtimes' math)
+    assert torch.equal(model.eagle_module.norm.weight, target.model.norm.weight)
+    fc = model.eagle_module.fc.weight
+    expected = 0.1 * before["fc.weight"]
+    expected[:, 128:192] += torch.eye(64)  # layer 4's output is the third block
+    torch.testing.assert_close(fc, expected)
+    # the fused feature starts as (about) the deepest feature
+    feats = torch.randn(2, 192)
+    fused = feats @ fc.T
+    assert torch.nn.functional.cosine_similarity(fused, feats[:, 128:], dim=-1).min() > 0.9
+    # the rest of the head is untouched
+    assert torch.equal(model.eagle_module.lm_head.weight, before["lm_head.weight"])
+
+
+def test_layer_init_target_refuses_a_target_whose_layers_are_not_the_drafts_kind():
+    import torch
+
+    from specconvert.errors import InputError
+    from specconvert.training.trainer import check_target_layer
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(6)])
+
+    with pytest.raises(InputError) as err:
+        check_target_layer(Odd(), [1, 2, 4])
+    assert "layer 5" in str(err.value) and "self_attn.q_proj.weight" in str(err.value)
+    assert "layer_init: random" in err.value.fix
