@@ -55,6 +55,8 @@ def test_default_recipe_trains_on_smollm2_chat_prompts(cli, tmp_path):
     manifest = result.json()["manifest"]
     training = manifest["training"]
     assert training["steps"] == 4 and training["draft_vocab"]["size"] == 1024
+    # the recipe starts the draft layer as SmolLM2's layer after the deepest feature (26 + 1)
+    assert training["layer_init"]["kind"] == "target" and training["layer_init"]["target_layer"] == 27
     assert training["data"]["prompts"] == 8 and training["data"]["synthesized_tokens"] > 8
     rows = [json.loads(line) for path in (tmp_path / "run" / "cache" / "train").glob("synthesis-*.jsonl")
             for line in path.read_text().splitlines()]
