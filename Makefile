@@ -33,7 +33,8 @@ env: $(STAMP)
 DEMO_VLLM = --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
 demo: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
-	# convert trains the head (three sampled answers per prompt from the project's vLLM + 1200 seeded training steps of 4 sequences + held-out tau).
+	# convert trains the head (three sampled answers per prompt from the project's vLLM + 1200 seeded training steps of 4 sequences
+	# from the target's layer 27 + held-out tau).
 	$(VENV)/bin/specconvert convert $(RECIPE) --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
 	$(VENV)/bin/specconvert tune $(RECIPE) $(DEMO_VLLM)
 	$(VENV)/bin/specconvert build $(RECIPE)
