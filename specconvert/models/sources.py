@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -137,8 +138,9 @@ def gguf_file(spec: str, key: str) -> Path:
 def _resolve_gguf(spec: str, key: str) -> ResolvedModel:
     path = gguf_file(spec, key)
     st = path.stat()
+    # "v2": folders converted before save_tokenizer kept transformers' load-time flags; convert them again
     ident = hashlib.sha256(
-        f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{installed_version('transformers')}".encode()
+        f"v2|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{installed_version('transformers')}".encode()
     ).hexdigest()[:16]
     out = cache_root() / "gguf" / f"{path.stem}-{ident}"
     if not (out / ".complete").is_file():
@@ -161,7 +163,7 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
         fix_config_after_gguf(model, tokenizer)
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
         (tmp / ".complete").write_text(str(gguf_path) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -169,6 +171,28 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# transformers 5 writes two arguments of the load that built a tokenizer into the tokenizer_config.json it
+# saves (tokenization_utils_base.py, `_from_pretrained`: init_kwargs["is_local"], init_kwargs["local_files_only"],
+# the latter forced True under HF_HUB_OFFLINE=1; transformers 4.57 writes neither). They say how one process
+# loaded the tokenizer, not what the tokenizer is: kept, the same target converted offline and online has
+# other bytes, so another fingerprint (and a synthesis cache that misses), and an exported target carries the flag.
+LOAD_TIME_TOKENIZER_KEYS = ("is_local", "local_files_only")
+
+
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """``tokenizer.save_pretrained(out)`` without the load-time flags above."""
+    tokenizer.save_pretrained(out)
+    path = Path(out) / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if any(k in config for k in LOAD_TIME_TOKENIZER_KEYS):
+        for k in LOAD_TIME_TOKENIZER_KEYS:
+            config.pop(k, None)
+        # the layout transformers writes (PreTrainedTokenizerBase.save_pretrained)
+        path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def fix_config_after_gguf(model, tokenizer) -> None:

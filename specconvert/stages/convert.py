@@ -22,7 +22,7 @@ from .._imports import require
 from ..errors import InputError
 from ..manifest import stage_dir, tree_fingerprint, up_to_date
 from ..models.copying import copy_tree, source_files
-from ..models.sources import ResolvedModel, resolve_model
+from ..models.sources import ResolvedModel, resolve_model, save_tokenizer
 from ..recipe import Recipe
 from .preflight import check_target_weights, check_workdir, read_target_config
 from ..workdir import check_replaceable, workdir_lock
@@ -368,7 +368,7 @@ def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[st
     with output.progress() as bar:
         task = bar.add_task("export quantized target", total=1)
         section = mq.export(model, out, getattr(torch, p.dtype))
-        tokenizer.save_pretrained(out)
+        save_tokenizer(tokenizer, out)
         bar.advance(task)
     for extra in ("generation_config.json",):
         if (p.target.path / extra).is_file() and not (out / extra).is_file():

@@ -184,6 +184,9 @@ def test_fp8_quantized_target_has_quant_config(cli, tmp_path, target):
     assert quant["quantization"]["quant_algo"] == "FP8"
     assert manifest["quantization"]["quant_algo"] == "FP8"
     assert (target_dir / "tokenizer.json").is_file()
+    # the tokenizer was loaded under HF_HUB_OFFLINE=1 (conftest): its load-time flags stay out of the export
+    tokenizer_config = json.loads((target_dir / "tokenizer_config.json").read_text())
+    assert not {"local_files_only", "is_local"} & set(tokenizer_config)
 
 
 def test_nvfp4_without_cuda_is_an_environment_error(cli, tmp_path, target):

