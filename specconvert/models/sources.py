@@ -138,9 +138,10 @@ def gguf_file(spec: str, key: str) -> Path:
 def _resolve_gguf(spec: str, key: str) -> ResolvedModel:
     path = gguf_file(spec, key)
     st = path.stat()
-    # "v2": folders converted before save_tokenizer kept transformers' load-time flags; convert them again
+    # "v3": folders converted before kept transformers' load-time tokenizer flags (v1) or its swapped
+    # bos/eos (v1, v2); convert them again
     ident = hashlib.sha256(
-        f"v2|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{installed_version('transformers')}".encode()
+        f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{installed_version('transformers')}".encode()
     ).hexdigest()[:16]
     out = cache_root() / "gguf" / f"{path.stem}-{ident}"
     if not (out / ".complete").is_file():
@@ -161,7 +162,7 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         folder, name = str(gguf_path.parent), gguf_path.name
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-        fix_config_after_gguf(model, tokenizer)
+        fix_config_after_gguf(model, tokenizer, gguf_special_token_ids(gguf_path))
         model.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tokenizer, tmp)
         (tmp / ".complete").write_text(str(gguf_path) + "\n")
@@ -195,8 +196,58 @@ def save_tokenizer(tokenizer, out: Path) -> None:
         path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def fix_config_after_gguf(model, tokenizer) -> None:
-    """GGUF loading leaves ``architectures`` unset (exporters need it) and no pad token."""
+# The GGUF's own special tokens, by metadata key (llama.cpp's gguf-py, `Keys.Tokenizer`).
+_GGUF_SPECIAL_TOKENS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "pad": "tokenizer.ggml.padding_token_id",
+}
+
+
+def gguf_special_token_ids(gguf_path: Path) -> dict[str, int]:
+    """``{"bos": id, "eos": id, ...}`` as the GGUF's metadata states them (only those it states)."""
+    gguf = require("gguf", purpose="read GGUF checkpoints")
+    reader = gguf.GGUFReader(str(gguf_path))
+    ids: dict[str, int] = {}
+    for name, key in _GGUF_SPECIAL_TOKENS.items():
+        field = reader.fields.get(key)
+        if field is not None and field.data:
+            ids[name] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def fix_special_tokens(tokenizer, stated: dict[str, int]) -> list[str]:
+    """Make the tokenizer's special tokens the ones the GGUF states; returns what changed, for the log.
+
+    transformers' GGUF Llama tokenizer converter takes the eos token from the bos id and swaps the two
+    (transformers 5.14.1, src/transformers/integrations/ggml.py, ``GGUFLlamaConverter.tokenizer``:
+    ``eos_token = proto.tokens[proto.bos_token_id]``, then ``additional_kwargs["eos_token"] = bos_token``).
+    SmolLM2's GGUF states eos 2 (``<|im_end|>``) and loaded as eos 1 (``<|im_start|>``): the exported target then
+    told every engine to end (and pad) on the token that opens a turn.
+    """
+    changed = []
+    size = len(tokenizer)
+    for name, token_id in stated.items():
+        if not 0 <= token_id < size:
+            continue
+        current = getattr(tokenizer, f"{name}_token_id", None)
+        if current != token_id:
+            token = tokenizer.convert_ids_to_tokens(token_id)
+            setattr(tokenizer, f"{name}_token", token)
+            changed.append(f"{name} {token!r} ({token_id}, was {current})")
+    return changed
+
+
+def fix_config_after_gguf(model, tokenizer, stated: dict[str, int] | None = None) -> None:
+    """GGUF loading leaves ``architectures`` unset (exporters need it), the special tokens transformers'
+    converter got wrong (``stated``: the GGUF's own, see ``fix_special_tokens``) and no pad token."""
+    from .. import output
+
+    if stated:
+        changed = fix_special_tokens(tokenizer, stated)
+        if changed:
+            output.log("GGUF tokenizer: special tokens set as the GGUF states them: " + ", ".join(changed))
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
     gen = getattr(model, "generation_config", None)

@@ -34,6 +34,10 @@ def test_default_recipe_converts_smollm2(cli, tmp_path):
     generation = json.loads((target_dir / "generation_config.json").read_text())
     eos = generation["eos_token_id"]
     assert 2 in (eos if isinstance(eos, list) else [eos]), "generation must stop on <|im_end|>"
+    # the GGUF states bos 1, eos 2, pad 2; transformers' GGUF Llama converter loads eos as the bos token
+    tokenizer_config = json.loads((target_dir / "tokenizer_config.json").read_text())
+    assert (tokenizer_config["bos_token"], tokenizer_config["eos_token"], tokenizer_config["pad_token"]) == (
+        "<|im_start|>", "<|im_end|>", "<|im_end|>")
     assert "UNTRAINED" in result.stderr
 
 
