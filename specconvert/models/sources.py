@@ -239,15 +239,14 @@ def fix_special_tokens(tokenizer, stated: dict[str, int]) -> list[str]:
     return changed
 
 
-def fix_config_after_gguf(model, tokenizer, stated: dict[str, int] | None = None) -> None:
+def fix_config_after_gguf(model, tokenizer, stated: dict[str, int]) -> None:
     """GGUF loading leaves ``architectures`` unset (exporters need it), the special tokens transformers'
     converter got wrong (``stated``: the GGUF's own, see ``fix_special_tokens``) and no pad token."""
     from .. import output
 
-    if stated:
-        changed = fix_special_tokens(tokenizer, stated)
-        if changed:
-            output.log("GGUF tokenizer: special tokens set as the GGUF states them: " + ", ".join(changed))
+    changed = fix_special_tokens(tokenizer, stated)
+    if changed:
+        output.log("GGUF tokenizer: special tokens set as the GGUF states them: " + ", ".join(changed))
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
     gen = getattr(model, "generation_config", None)
