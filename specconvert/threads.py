@@ -21,6 +21,19 @@ decoder runs one graph at a time, extra pools only compete for the same cores. A
 ``OMP_NUM_THREADS`` in the environment is the operator's choice and wins over ``auto``
 (torch's default honours it too); an integer setting wins over both.
 
+The exception is the phase whose result *is* the artifact. torch's CPU kernels split their
+reductions by the intra-op thread count, so the same seed and steps train another head at another
+count (measured with the demo recipe on 48 prompts: 1 and 2 threads trained heads of other
+bytes; two runs at 2 threads, one of them with the other core kept busy, the same bytes). In
+training (:data:`SAME_BITS_PHASES`) ``auto`` therefore takes every CPU this process may use,
+whatever the load: a busy machine trains slower (measured: 60 steps in 138 s at 2 threads
+against 79 s at 1, one of two cores kept busy; 43 s idle), never a different head. An integer
+``runtime.threads`` or ``OMP_NUM_THREADS`` still decides, and is what makes two machines with
+the same CPU kernels train the same head. Synthesis keeps
+following the load: its output is token ids, which a last-bit change of a logit moves only at a
+near-tie (SmolLM2's 51 in-process answers to 48 prompts were the same tokens at 1 and 2 threads),
+while decoding on a thread that waits for a descheduled one is the ~10x case above.
+
 Everything but :func:`apply` is pure (paths injectable) so it is tested with fake cgroup files.
 """
 
@@ -189,16 +202,22 @@ def parse_option(value: str | None) -> int | str | None:
     raise ValueError(f"--threads {value}: use auto or an integer >= 1")
 
 
-def apply(setting: int | str | None) -> dict[str, Any]:
+# Phases whose output is the head's bits: ``auto`` ignores the load there (module doc).
+SAME_BITS_PHASES = ("training",)
+
+
+def apply(setting: int | str | None, follow_load: bool = True) -> dict[str, Any]:
     """Set torch's intra-op threads from ``setting`` and inter-op threads to 1; returns what was set.
 
-    Call before the first torch computation: inter-op threads can only be set once, before any
-    parallel work starts (torch raises afterwards; that is recorded, not fatal).
+    ``follow_load=False``: ``auto`` takes every CPU this process may use even when others keep some
+    busy (the load is still measured and reported). Call before the first torch computation:
+    inter-op threads can only be set once, before any parallel work starts (torch raises
+    afterwards; that is recorded, not fatal).
     """
     import torch
 
     load_avg, host_cpus = host_load()
-    threads = resolve(setting, load=(load_avg, host_cpus))
+    threads = resolve(setting, load=(load_avg, host_cpus) if follow_load else (None, None))
     torch.set_num_threads(threads)
     interop = 1
     try:
@@ -206,17 +225,28 @@ def apply(setting: int | str | None) -> dict[str, Any]:
     except RuntimeError:  # already set, or parallel work already ran in this process
         interop = torch.get_num_interop_threads()
     return {"setting": "auto" if setting in (None, "auto") else setting, "intra_op": threads, "inter_op": interop,
-            "busy_cpus_at_start": None if load_avg is None else round(load_avg, 2), "host_cpus": host_cpus}
+            "busy_cpus_at_start": None if load_avg is None else round(load_avg, 2), "host_cpus": host_cpus,
+            "follows_load": follow_load}
 
 
 def apply_for_phase(setting: int | str | None, phase: str) -> dict[str, Any]:
-    """:func:`apply` again as a phase of a long command starts (``synthesis``, ``training``, ``evaluation``):
-    ``auto`` measures the host's load anew instead of keeping what it saw when the command started. Logged."""
+    """:func:`apply` again as a phase of a long command starts (``synthesis``, ``training``, ``evaluation``).
+
+    ``auto`` measures the host's load anew instead of keeping what it saw when the command started,
+    except in :data:`SAME_BITS_PHASES`, where it takes every CPU this process may use so that the
+    load cannot change the head (module doc). Logged."""
     from . import output
 
-    chosen = apply(setting)
+    same_bits = phase in SAME_BITS_PHASES
+    chosen = apply(setting, follow_load=not same_bits)
     if chosen["setting"] == "auto":
         busy = chosen["busy_cpus_at_start"]
-        output.log(f"threads for {phase}: {chosen['intra_op']} (auto"
-                   + (f"; {busy:g} of {chosen['host_cpus']} host CPUs busy)" if busy is not None else ")"))
+        seen = f"{busy:g} of {chosen['host_cpus']} host CPUs busy" if busy is not None else ""
+        if same_bits:
+            why = "every CPU this process may use, whatever the load: the head's bits depend on the thread count"
+            slower = (f"; {seen}, so slower, the same head (an integer runtime.threads trades that for speed)"
+                      if busy is not None and busy >= 0.5 else "")
+            output.log(f"threads for {phase}: {chosen['intra_op']} (auto: {why}{slower})")
+        else:
+            output.log(f"threads for {phase}: {chosen['intra_op']} (auto" + (f"; {seen})" if seen else ")"))
     return {**chosen, "phase": phase}

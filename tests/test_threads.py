@@ -166,3 +166,54 @@ def test_convert_decides_threads_for_synthesis_training_and_evaluation(monkeypat
     path = recipe(tmp_path, target, steps=2, eval_samples=1)
     assert _cli("convert", path) == 0
     assert phases == ["synthesis", "training", "evaluation"]
+
+
+def test_training_takes_every_cpu_whatever_the_load_and_the_other_phases_follow_it(monkeypatch):
+    """The head's bits depend on the thread count: a busy core must slow training, not change the head."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(threads, "host_load", lambda *a, **k: (1.0, 2))  # one of two cores kept busy
+    before = torch.get_num_threads()
+    try:
+        trained = threads.apply_for_phase("auto", "training")
+        assert trained["intra_op"] == 2 and trained["follows_load"] is False and torch.get_num_threads() == 2
+        for phase in ("synthesis", "evaluation"):
+            assert threads.apply_for_phase("auto", phase)["intra_op"] == 1, phase
+        assert threads.apply_for_phase(1, "training")["intra_op"] == 1  # an integer stays what it says
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # and so does the operator's environment
+        assert threads.apply_for_phase("auto", "training")["intra_op"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_same_seed_trains_the_same_head_on_an_idle_and_a_busy_machine(monkeypatch, tmp_path):
+    """`auto` trained at 2 threads when idle and at 1 with one of two cores busy: two heads of other bytes (d56ea2c)."""
+    import json
+
+    import torch
+
+    from tests.serving.conftest import _cli
+    from tests.tiny_models import write_tiny_target
+    from tests.training.test_convert_train import recipe
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
+    target = write_tiny_target(tmp_path / "target", logit_scale=30.0, eos_token_id=255)
+    heads, manifests = {}, {}
+    before = torch.get_num_threads()
+    try:
+        for name, busy in (("idle", 0.0), ("busy", 1.0)):
+            monkeypatch.setattr(threads, "host_load", lambda *a, busy=busy, **k: (busy, 2))
+            path = recipe(tmp_path / name, target, steps=8, eval_samples=1)
+            assert _cli("convert", path) == 0
+            [manifest] = (tmp_path / name).rglob("convert/manifest.json")
+            manifests[name] = json.loads(manifest.read_text())
+            heads[name] = (manifest.parent / "draft" / "model.safetensors").read_bytes()
+    finally:
+        torch.set_num_threads(before)
+    assert heads["idle"] == heads["busy"]
+    assert [manifests[n]["training"]["intra_op_threads"] for n in ("idle", "busy")] == [[2], [2]]

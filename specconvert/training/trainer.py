@@ -50,6 +50,9 @@ class TrainResult:
     best_score: float
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int = 0
+    # torch's intra-op thread counts the steps ran with, in order: the head's bits depend on them
+    # (threads.py, module doc), so two heads of the same seed are comparable only at the same counts.
+    threads: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,7 @@ class TrainResult:
             "best_step": self.best_step,
             "best_heldout_tau_estimate": round(self.best_score, 4),
             "resumed_from_step": self.resumed_from,
+            "intra_op_threads": self.threads,
             "history": self.history,
         }
 
@@ -336,6 +340,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] = {"score": -1.0, "step": 0, "state": None}
         self.resumed_from = 0
+        self.threads: list[int] = []
 
     def lr_factor(self) -> float:
         """Linear warm-up, then cosine decay to 10 %.
@@ -433,6 +438,7 @@ class Trainer:
             "best_score": self.best["score"],
             "best_step": self.best["step"],
             "complete": complete,
+            "threads": self.threads,
         }
         checkpoint.save(self.checkpoint_path, state, self.model.eagle_module.state_dict(), self.best["state"],
                         self.optimizer.state_dict())
@@ -460,6 +466,7 @@ class Trainer:
                 self._check_shapes(best, "best head")
             step, elapsed = int(state["step"]), float(state["elapsed_s"])
             history, best_score, best_step = list(state["history"]), float(state["best_score"]), int(state["best_step"])
+            used = [int(t) for t in state.get("threads", [])]  # absent in checkpoints written before it was recorded
             if len(optim["param_groups"]) != len(self.optimizer.param_groups):
                 raise checkpoint.UnreadableCheckpoint("optimizer has other parameter groups")
         except (checkpoint.UnreadableCheckpoint, KeyError, TypeError, ValueError) as exc:
@@ -467,7 +474,7 @@ class Trainer:
             return None
         self.model.eagle_module.load_state_dict(head)
         self.optimizer.load_state_dict(optim)
-        self.step, self.elapsed_s, self.history = step, elapsed, history
+        self.step, self.elapsed_s, self.history, self.threads = step, elapsed, history, used
         self.best = {"score": best_score, "step": best_step, "state": best}
         self.resumed_from = self.step
         return state
@@ -510,6 +517,13 @@ class Trainer:
         spec = self.spec
         budget_s = self.budget_s
         torch.manual_seed(spec.seed + self.step)
+        now = torch.get_num_threads()
+        if self.step < self.total_steps and (not self.threads or self.threads[-1] != now):
+            if self.threads:
+                output.warn(f"draft.train: resuming at step {self.step} with {now} torch threads where the checkpoint's steps "
+                            f"ran with {self.threads[-1]}: the head is trained, but its bits differ from one trained "
+                            f"throughout at either count (set runtime.threads to keep one)")
+            self.threads.append(now)
         self.model.train()
         task = progress.add_task("train EAGLE-3 head", total=self.total_steps, completed=self.step)
         stopped_by = "steps"
@@ -583,4 +597,5 @@ class Trainer:
             best_score=self.best["score"],
             history=self.history,
             resumed_from=self.resumed_from,
+            threads=list(self.threads),
         )

@@ -95,6 +95,37 @@ def test_an_interrupted_run_resumes_to_the_same_head(setup, tmp_path):
         torch.testing.assert_close(resumed.tensors[name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_the_thread_counts_a_head_trained_with_are_recorded_and_a_change_on_resume_is_said(setup, tmp_path, monkeypatch):
+    """The head's bits depend on torch's thread count (threads.py): a resume at another count must say so."""
+    import torch
+
+    from specconvert import output
+
+    warned = []
+    monkeypatch.setattr(output, "warn", warned.append)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = _trainer(setup, tmp_path, steps=12)
+
+        def interrupt(step):
+            if step == 10:
+                raise _Stop
+
+        with contextlib.suppress(_Stop):
+            first.run(_Bar(), on_step=interrupt)
+        assert not warned
+        torch.set_num_threads(1)
+        second = _trainer(setup, tmp_path, steps=12)
+        assert second.load_checkpoint() is not None and second.step == 10
+        result = second.run(_Bar())
+    finally:
+        torch.set_num_threads(before)
+    assert result.threads == [2, 1] and result.as_dict()["intra_op_threads"] == [2, 1]
+    assert len(warned) == 1 and "step 10 with 1 torch threads" in warned[0] and "ran with 2" in warned[0]
+    assert _trainer(setup, tmp_path / "straight", steps=3).run(_Bar()).threads == [before]
+
+
 def test_a_checkpoint_of_other_settings_is_not_resumed(setup, tmp_path):
     _trainer(setup, tmp_path, steps=5).run(_Bar())
     other = _trainer(setup, tmp_path, steps=5)
