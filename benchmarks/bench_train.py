@@ -1,7 +1,7 @@
 """Training benchmark: held-out acceptance of a trained head against training minutes or steps.
 
     python benchmarks/bench_train.py                                  # default recipe, budgets 2,4,8 min
-    python benchmarks/bench_train.py --steps 100,200,400              # seeded step budgets (machine-independent heads)
+    python benchmarks/bench_train.py --steps 100,200,400              # seeded step budgets (load-independent heads)
     python benchmarks/bench_train.py --minutes 8 --label docs --set 'draft.train.texts=[python:docs]'
     python benchmarks/bench_train.py --recipe recipes/smollm2-135m/instruct_eagle3-train-long_cpu.yaml --minutes 30,60,120
 
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE)
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--minutes", help="comma list of wall-clock budgets in minutes (default 2,4,8)")
-    group.add_argument("--steps", help="comma list of step budgets (seeded: the same heads on any machine)")
+    group.add_argument("--steps", help="comma list of step budgets (seeded: the same heads on any machine with the same CPU kernels)")
     ap.add_argument("--label", default="default")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="extra recipe overrides (KEY=VALUE)")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")

@@ -634,9 +634,12 @@ class RuntimeSpec(_Strict):
         description="CPU threads torch uses in every command that runs a model (convert's training, generate, serve, "
         "and the servers serve-test and bench start; `--threads` overrides it). `auto` = the CPUs this process may "
         "use (affinity mask capped by the cgroup CPU quota) times the share of the host other processes leave idle "
-        "(measured over 0.25 s of /proc/stat when the command starts, and again as convert's synthesis, training and "
-        "evaluation start), at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
-        "2-core machine.",
+        "(measured over 0.25 s of /proc/stat when the command starts, and again as convert's synthesis and evaluation "
+        "start), at least 1; inter-op threads 1. torch's default (one per core) ran ~9x slower on a loaded "
+        "2-core machine. Training is the exception: there `auto` takes every CPU this process may use, whatever the "
+        "load, because the head's bits depend on the thread count (a busy machine trains slower, not another head; "
+        "the manifest records the counts under training.intra_op_threads). An integer trains the same head on every "
+        "machine with the same CPU kernels.",
     )
 
     @field_validator("trtllm_version", mode="before")
