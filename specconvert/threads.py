@@ -29,10 +29,10 @@ training (:data:`SAME_BITS_PHASES`) ``auto`` therefore takes every CPU this proc
 whatever the load: a busy machine trains slower (measured: 60 steps in 138 s at 2 threads
 against 79 s at 1, one of two cores kept busy; 43 s idle), never a different head. An integer
 ``runtime.threads`` or ``OMP_NUM_THREADS`` still decides, and is what makes two machines with
-the same CPU kernels train the same head. Synthesis keeps
-following the load: its output is token ids, which a last-bit change of a logit moves only at a
-near-tie (SmolLM2's 51 in-process answers to 48 prompts were the same tokens at 1 and 2 threads),
-while decoding on a thread that waits for a descheduled one is the ~10x case above.
+the same CPU kernels train the same head. Synthesis keeps following the load: its output is
+token ids, which a last-bit change of a logit moves only at a near-tie (SmolLM2's 51 in-process
+answers to 48 prompts were the same tokens at 1 and 2 threads), while decoding on a thread that
+waits for a descheduled one is the ~10x case above.
 
 Everything but :func:`apply` is pure (paths injectable) so it is tested with fake cgroup files.
 """
