@@ -9,6 +9,19 @@ import pytest
 from specconvert import threads
 
 
+@pytest.fixture
+def two_cpu_host(monkeypatch):
+    """A host of 2 CPUs, no cgroup quota and no OMP_NUM_THREADS; torch's thread count is restored after."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def _tree(root: Path, files: dict[str, str], membership: str) -> tuple[Path, Path]:
     cg = root / "cgroup"
     for rel, text in files.items():
@@ -131,25 +144,16 @@ def test_host_load_reads_proc_stat_not_the_load_average(tmp_path, monkeypatch):
     assert threads.host_load(window_s=0, stat=stat) == (2.0, 2)
 
 
-def test_auto_decides_again_at_each_phase(monkeypatch):
+def test_auto_decides_again_at_each_phase(monkeypatch, two_cpu_host):
     """Issue 20: a burst of load when the command started must not pin the later phases to one thread."""
     import torch
 
-    from specconvert import threads
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
-    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
     loads = [(2.0, 2)]  # a pip install at the start, then an idle machine
     monkeypatch.setattr(threads, "host_load", lambda *a, **k: loads.pop() if loads else (0.0, 2))
-    before = torch.get_num_threads()
-    try:
-        assert threads.apply("auto")["intra_op"] == 1
-        chosen = threads.apply_for_phase("auto", "training")
-        assert chosen["intra_op"] == 2 and chosen["phase"] == "training" and torch.get_num_threads() == 2
-        assert threads.apply_for_phase(1, "evaluation")["intra_op"] == 1  # an integer stays what it says
-    finally:
-        torch.set_num_threads(before)
+    assert threads.apply("auto")["intra_op"] == 1
+    chosen = threads.apply_for_phase("auto", "training")
+    assert chosen["intra_op"] == 2 and chosen["phase"] == "training" and torch.get_num_threads() == 2
+    assert threads.apply_for_phase(1, "evaluation")["intra_op"] == 1  # an integer stays what it says
 
 
 def test_convert_decides_threads_for_synthesis_training_and_evaluation(monkeypatch, tmp_path):
@@ -168,52 +172,36 @@ def test_convert_decides_threads_for_synthesis_training_and_evaluation(monkeypat
     assert phases == ["synthesis", "training", "evaluation"]
 
 
-def test_training_takes_every_cpu_whatever_the_load_and_the_other_phases_follow_it(monkeypatch):
+def test_training_takes_every_cpu_whatever_the_load_and_the_other_phases_follow_it(monkeypatch, two_cpu_host):
     """The head's bits depend on the thread count: a busy core must slow training, not change the head."""
     import torch
 
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
-    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
     monkeypatch.setattr(threads, "host_load", lambda *a, **k: (1.0, 2))  # one of two cores kept busy
-    before = torch.get_num_threads()
-    try:
-        trained = threads.apply_for_phase("auto", "training")
-        assert trained["intra_op"] == 2 and trained["follows_load"] is False and torch.get_num_threads() == 2
-        for phase in ("synthesis", "evaluation"):
-            assert threads.apply_for_phase("auto", phase)["intra_op"] == 1, phase
-        assert threads.apply_for_phase(1, "training")["intra_op"] == 1  # an integer stays what it says
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # and so does the operator's environment
-        assert threads.apply_for_phase("auto", "training")["intra_op"] == 1
-    finally:
-        torch.set_num_threads(before)
+    trained = threads.apply_for_phase("auto", "training")
+    assert trained["intra_op"] == 2 and trained["follows_load"] is False and torch.get_num_threads() == 2
+    for phase in ("synthesis", "evaluation"):
+        assert threads.apply_for_phase("auto", phase)["intra_op"] == 1, phase
+    assert threads.apply_for_phase(1, "training")["intra_op"] == 1  # an integer stays what it says
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # and so does the operator's environment
+    assert threads.apply_for_phase("auto", "training")["intra_op"] == 1
 
 
-def test_the_same_seed_trains_the_same_head_on_an_idle_and_a_busy_machine(monkeypatch, tmp_path):
+def test_the_same_seed_trains_the_same_head_on_an_idle_and_a_busy_machine(monkeypatch, tmp_path, two_cpu_host):
     """`auto` trained at 2 threads when idle and at 1 with one of two cores busy: two heads of other bytes (d56ea2c)."""
     import json
-
-    import torch
 
     from tests.serving.conftest import _cli
     from tests.tiny_models import write_tiny_target
     from tests.training.test_convert_train import recipe
 
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda *a, **k: None)
-    monkeypatch.setattr(threads, "affinity_cpus", lambda: 2)
     target = write_tiny_target(tmp_path / "target", logit_scale=30.0, eos_token_id=255)
     heads, manifests = {}, {}
-    before = torch.get_num_threads()
-    try:
-        for name, busy in (("idle", 0.0), ("busy", 1.0)):
-            monkeypatch.setattr(threads, "host_load", lambda *a, busy=busy, **k: (busy, 2))
-            path = recipe(tmp_path / name, target, steps=8, eval_samples=1)
-            assert _cli("convert", path) == 0
-            [manifest] = (tmp_path / name).rglob("convert/manifest.json")
-            manifests[name] = json.loads(manifest.read_text())
-            heads[name] = (manifest.parent / "draft" / "model.safetensors").read_bytes()
-    finally:
-        torch.set_num_threads(before)
+    for name, busy in (("idle", 0.0), ("busy", 1.0)):
+        monkeypatch.setattr(threads, "host_load", lambda *a, busy=busy, **k: (busy, 2))
+        path = recipe(tmp_path / name, target, steps=8, eval_samples=1)
+        assert _cli("convert", path) == 0
+        [manifest] = (tmp_path / name).rglob("convert/manifest.json")
+        manifests[name] = json.loads(manifest.read_text())
+        heads[name] = (manifest.parent / "draft" / "model.safetensors").read_bytes()
     assert heads["idle"] == heads["busy"]
     assert [manifests[n]["training"]["intra_op_threads"] for n in ("idle", "busy")] == [[2], [2]]
