@@ -189,8 +189,19 @@ def head_training_bytes(head_params: int, param_bytes: int, tokens: int, target_
         return 0
     vocab = int(draft_vocab_size or shape["vocab"])
     per_token_step = vocab * 4 * 2 + (3 * shape["intermediate"] + 12 * shape["hidden"]) * value_bytes
-    features = tokens * 3 * shape["hidden"] * value_bytes
-    return int(4 * head_params * param_bytes + features + ttt_steps * tokens * per_token_step)
+    # the target's features (3H + the final H) and its logits over the draft vocabulary, inputs to the loss
+    inputs = tokens * (4 * shape["hidden"] + vocab) * value_bytes
+    return int(4 * head_params * param_bytes + inputs + ttt_steps * tokens * per_token_step)
+
+
+def training_rank_bytes(target_config: dict[str, Any], held_weight_bytes: float, tokens: int, head_params: int,
+                        param_bytes: int, draft_vocab_size: int | None, ttt_steps: int, value_bytes: float) -> int:
+    """Peak of one training rank (CUDA context left out): the target weights it holds (whole, or its FSDP
+    shard), the target's decoder forward over ``tokens`` (feature extraction runs the decoder without the
+    lm_head: no full-vocabulary logits) and the head's training (:func:`head_training_bytes`)."""
+    forward = forward_activation_bytes(target_config, tokens, value_bytes, logits=False)
+    head = head_training_bytes(head_params, param_bytes, tokens, target_config, draft_vocab_size, ttt_steps, value_bytes)
+    return int(held_weight_bytes + forward + head)
 
 
 def gib(n_bytes: float) -> float:

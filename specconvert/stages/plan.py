@@ -206,7 +206,11 @@ def _gpu_stage(name: str, hw: Hardware, gpus_needed: int, per_gpu: float, host: 
     room_gib = hw.gpu_gib if room is None else room
     stage = StagePlan(name, True, where, gpus_needed, size.gib(per_gpu), size.gib(host), round(room_gib, 2), True,
                       None, detail)
-    if gpus_needed > hw.gpus:
+    if hw.gpus == 0:
+        stage.fits = False
+        stage.fix = ("it runs on CUDA (runtime.device, or a GPU-only engine): plan for your GPUs with --gpus N "
+                     "--gpu-memory-gib G")
+    elif gpus_needed > hw.gpus:
         stage.fits = False
         stage.fix = f"it needs {gpus_needed} GPUs and {hw.gpus} are planned for: {fix_more}"
     elif per_gpu / size.GIB > room_gib:
@@ -272,12 +276,13 @@ def training(recipe: Any, m: PlanModels, hw: Hardware, device: str) -> list[Stag
     weights = size.weight_bytes(m.target, m.dtype) or 0
     held = weights / ranks if sharded else weights
     tokens = train.batch_size * train.seq_len
-    act = size.forward_activation_bytes(m.target, tokens, value)
+    act = size.forward_activation_bytes(m.target, tokens, value, logits=False)
     from ..training.pipeline import param_dtype, train_dtype
 
     tdtype = train_dtype(train.dtype, device)
-    head = size.head_training_bytes(m.head_params, size.dtype_bytes(param_dtype(tdtype)), tokens, m.target,
-                                    m.draft_vocab, train.ttt_steps, value)
+    pbytes = size.dtype_bytes(param_dtype(tdtype))
+    rank = size.training_rank_bytes(m.target, held, tokens, m.head_params, pbytes, m.draft_vocab, train.ttt_steps, value)
+    head = rank - held - act
     detail = (f"target {size.gib(held)} GiB {'(1/%d, FSDP)' % ranks if sharded else '(whole, per rank)'} + its forward "
               f"{size.gib(act)} GiB ({train.batch_size} x {train.seq_len} tokens) + head, optimizer and activations "
               f"{size.gib(head)} GiB ({m.head_params / 1e6:.0f} M parameters, {tdtype}, {train.ttt_steps} draft steps)")
@@ -370,7 +375,7 @@ def served_server(recipe: Any, m: PlanModels, hw: Hardware, device: str, batch: 
                "(build.tensor_parallel_size), or a smaller KV cache (build.max_batch_size x max_seq_len)")
     else:  # the reference decoder serves one request at a time on one device
         weights = size.weight_bytes(m.target, m.dtype) or 0
-        kv_value = size.kv_value_bytes("auto", m.target, m.dtype)
+        kv_value = size.dtype_bytes(m.dtype, m.target)  # its KV cache is kept in the model's dtype
         tp, room, batch, served = 1, None, 1, m.dtype
         fix = "a GPU with more memory, or a smaller build.max_seq_len"
     tokens = b.max_seq_len * batch
@@ -387,7 +392,7 @@ def served_server(recipe: Any, m: PlanModels, hw: Hardware, device: str, batch: 
 def served_bundle(recipe: Any, m: PlanModels, hw: Hardware, device: str) -> StagePlan:
     s = served_server(recipe, m, hw, device)
     name = f"served bundle ({recipe.runtime.backend})"
-    if device == "cpu":
+    if device == "cpu" and recipe.runtime.backend != "trtllm":  # TensorRT-LLM serves on GPUs only
         return _cpu_stage(name, hw, s.per_gpu * s.gpus + size.HOST_PROCESS_GIB * size.GIB, "CPU", s.detail, s.fix)
     where = f"{s.gpus} GPU(s), tensor parallel {s.gpus}" if s.gpus > 1 else "1 GPU"
     return _gpu_stage(name, hw, s.gpus, s.per_gpu, _host_gpu_process(s.gpus), where, s.detail, s.fix, room=s.room)
@@ -408,7 +413,7 @@ def servers(recipe: Any, m: PlanModels, hw: Hardware, device: str) -> list[Stage
     rows = []
     for command, n in counts.items():
         name = f"{command} servers ({n} x {backend})"
-        if device == "cpu" or backend == "reference":
+        if (device == "cpu" and backend != "trtllm") or backend == "reference":
             row = (_cpu_stage(name, hw, s.per_gpu + size.HOST_PROCESS_GIB * size.GIB, "CPU, one after another", s.detail, s.fix)
                    if device == "cpu" else
                    _gpu_stage(name, hw, 1, s.per_gpu, _host_gpu_process(), "1 GPU, one after another", s.detail, s.fix))

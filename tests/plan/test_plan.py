@@ -118,8 +118,8 @@ def test_8b_trained_recipe_plans_each_rank_on_one_h100(cli, eight):
     assert "(whole, per rank)" in train["detail"]
     # per rank: the whole bf16 target, its forward over 4 x 2048 tokens, the head (draft vocab 32000) and AdamW
     cfg, tokens = LLAMA_3_1_8B_INSTRUCT, 4 * 2048
-    head = size.head_training_bytes(size.eagle3_head_parameters(cfg, 32000), 2, tokens, cfg, 32000, 3, 2)
-    expect = size.weight_bytes(cfg, "bfloat16") + size.forward_activation_bytes(cfg, tokens, 2) + head
+    expect = size.training_rank_bytes(cfg, size.weight_bytes(cfg, "bfloat16"), tokens,
+                                      size.eagle3_head_parameters(cfg, 32000), 2, 32000, 3, 2)
     assert train["per_gpu_gib"] == size.gib(expect + size.CUDA_CONTEXT_GIB * size.GIB)
     synth = _stage(doc, "synthesis")
     assert synth["stage"] == "synthesis (in-process)" and synth["fits"] is True
@@ -198,3 +198,17 @@ def test_plan_loads_no_weights_and_imports_no_model_library(eight, tmp_path):
             "print([m for m in ('torch', 'transformers', 'modelopt') if m in sys.modules], file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.stderr.strip().splitlines()[-2:] == ["code 0", "[]"]
+
+
+def test_gpus_0_plans_a_cpu_recipe_against_host_ram_and_refuses_trtllm(cli, eight, tmp_path):
+    result = cli("plan", R8, "--set", f"target.model={eight}", "--set", f"draft.model={tmp_path / 'no-head'}",
+                 "--set", "runtime.device=auto", "--gpus", "0", "--json")
+    assert result.code == 2
+    doc = result.json()
+    assert doc["device"] == "cpu"
+    bundle = _stage(doc, "served bundle")
+    assert bundle["fits"] is False and "it runs on CUDA" in bundle["fix"]  # TensorRT-LLM serves on GPUs only
+    ref = cli("plan", R8, "--set", f"target.model={eight}", "--set", f"draft.model={tmp_path / 'no-head'}",
+              "--set", "runtime.device=auto", "--set", "runtime.backend=reference", "--gpus", "0", "--json").json()
+    served = _stage(ref, "served bundle")
+    assert served["gpus_used"] == 0 and served["where"] == "CPU" and served["host_gib"] > 15
