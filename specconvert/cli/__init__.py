@@ -37,6 +37,7 @@ from . import (  # noqa: E402  (registers commands)
     convert_cmd,
     generate_cmd,
     inspect_cmd,
+    plan_cmd,
     recipe_cmd,
     serve_cmd,
     tune_cmd,
@@ -50,6 +51,7 @@ generate_cmd.register(app)
 serve_cmd.register(app)
 bench_cmd.register(app)
 tune_cmd.register(app)
+plan_cmd.register(app)
 
 
 @app.callback()
