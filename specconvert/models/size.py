@@ -62,3 +62,34 @@ def dtype_bytes(dtype: str | None, config: dict[str, Any] | None = None) -> int:
     if dtype in (None, "auto"):
         dtype = str((config or {}).get("torch_dtype") or (config or {}).get("dtype") or "float32")
     return DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 4)
+
+
+# A serving process's GPU memory beyond weights and KV cache (CUDA context, activation workspace, CUDA graphs,
+# sampler buffers): an allowance, not a measurement; the GPU smoke script is where it gets checked.
+SERVER_OVERHEAD_BYTES = 3 * GIB
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str | None = None) -> int | None:
+    """KV-cache bytes one token takes in every layer (keys and values at ``dtype``; None when sizes are missing)."""
+    c = _text_config(config)
+    try:
+        hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    heads = int(c.get("num_attention_heads") or 1)
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes(dtype, config)
+
+
+def server_floor_bytes(target_config: dict[str, Any], dtype: str | None, tensor_parallel_size: int,
+                       context_tokens: int, draft_params: int = 0) -> int | None:
+    """The least GPU memory (per GPU) one serving process of the target needs to start: its weights (and a draft's
+    ``draft_params``) at ``dtype`` and the KV cache of one sequence of ``context_tokens``, split over
+    ``tensor_parallel_size`` GPUs, plus :data:`SERVER_OVERHEAD_BYTES`. None when the config lacks the sizes."""
+    params, per_token = parameter_count(target_config), kv_bytes_per_token(target_config, dtype)
+    if params is None or per_token is None:
+        return None
+    width = dtype_bytes(dtype, target_config)
+    split = max(int(tensor_parallel_size), 1)
+    return ((params + draft_params) * width + per_token * int(context_tokens)) // split + SERVER_OVERHEAD_BYTES
