@@ -144,7 +144,7 @@ def place_on_gpus(labels: list[str], mode: str, tp: int, fraction: float | None,
     per = f"{tp} GPU{'s' if tp > 1 else ''} each (build.tensor_parallel_size: {tp})"
     have = f"{len(groups)} group(s) of {tp} GPU(s) with room for {asked:g} of their memory"
     if mode == "sequential" or (mode == "auto" and len(groups) == 1 and n > 1):
-        why = (f"runtime.vllm_servers: sequential" if mode == "sequential" else
+        why = ("runtime.vllm_servers: sequential" if mode == "sequential" else
                f"{have}, {n} servers: one at a time") + f", on GPUs {_env(groups[0])['CUDA_VISIBLE_DEVICES']}"
         return Placement("cuda", tuple((label,) for label in labels), why + skipped,
                          env={label: _env(groups[0]) for label in labels}, inventory=facts)
@@ -159,7 +159,7 @@ def place_on_gpus(labels: list[str], mode: str, tp: int, fraction: float | None,
             raise InputError(
                 f"runtime.vllm_servers: together: {n} servers on {have} would share a GPU {sharing} ways, "
                 f"--gpu-memory-utilization {share:g} ({_gib(share * smallest)}) each, and one server needs about "
-                f"{_gib(floor_bytes)} (weights, one {'sequence'} of build.max_seq_len, overhead)",
+                f"{_gib(floor_bytes)} (weights, one sequence of build.max_seq_len, overhead)",
                 fix="set runtime.vllm_servers: auto (servers in waves on their own GPUs) or sequential")
         return Placement("cuda", (tuple(labels),),
                          f"runtime.vllm_servers: together: {n} servers on {have}, {sharing} per group, "
