@@ -47,3 +47,43 @@ def test_recipe_validate_refuses_data_no_run_can_make(cli, tmp_path, train_extra
     assert needle in result.stderr and "Traceback" not in result.stderr
     if code == 2:
         assert len(result.stderr.strip().splitlines()) == 1  # one line: cause and fix
+
+
+def test_multi_turn_samples_stop_asking_for_turns_past_seq_len(tmp_path):
+    """A turn whose answer would start past ``seq_len`` is cut by truncation whole: it is never requested."""
+    from specconvert.recipe import TrainSpec
+    from specconvert.training.answers import AnswerSource, cut_at_stop
+    from specconvert.training.data import DataReport, synthesize_conversations
+    from specconvert.training.distributed import World
+    from tests.tiny_models import byte_tokenizer
+
+    stop = 255
+
+    class Counting(AnswerSource):
+        def __init__(self):
+            self.asked = []
+
+        def answer(self, jobs, max_new_tokens, sampling, emit):
+            for key, ids in jobs:
+                self.asked.append((key, len(ids)))
+                emit(key, cut_at_stop([65, 66, stop], [stop], max_new_tokens))
+
+    class Bar:
+        def add_task(self, *a, **k):
+            return 0
+
+        def advance(self, *a):
+            pass
+
+    turns = [{"role": "user", "content": f"question number {t}"} for t in range(6)]
+    messages = [m for turn in turns for m in (turn, {"role": "assistant", "content": "old"})]
+    tok = byte_tokenizer()
+    counting, report = Counting(), DataReport()
+    seq_len = 80  # the first prompt is 35 tokens, the second 74, the third would be 113: never asked
+    train = TrainSpec(prompts="x.jsonl", max_new_tokens=8, seq_len=seq_len)
+    seqs = synthesize_conversations(train, [{"messages": messages}], tok, counting, counting, [stop],
+                                    tmp_path / "c.jsonl", Bar(), World(), report)
+    asked = dict(counting.asked)
+    assert all(length < seq_len for length in asked.values()), asked
+    assert len(asked) == 2 and report.answers == 2 and report.turns_past_seq_len == 1
+    assert len(seqs[0].input_ids) <= seq_len and sum(seqs[0].loss_mask) > 0
