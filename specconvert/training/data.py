@@ -286,8 +286,9 @@ def synthesize_conversations(train: Any, samples: list[dict[str, Any]], tokenize
         progress.advance(task, len(mine) - len(todo))
         got = answer_all(source, {key: contexts[key] for key in mine}, cache, train.max_new_tokens, sampling,
                          lambda n: progress.advance(task, n))
-        for part, cached in gather((got, len(mine) - len(todo)), world):
-            answers.update(part)
+        # as JSON rows (the data phase exchanges through files before the process group exists)
+        for part, cached in gather(([[i, t, ids] for (i, t), ids in got.items()], len(mine) - len(todo)), world):
+            answers.update({(i, t): ids for i, t, ids in part})
             report.synthesis_cached += cached
         following = []
         for i in active:

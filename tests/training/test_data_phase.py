@@ -87,3 +87,144 @@ def test_multi_turn_samples_stop_asking_for_turns_past_seq_len(tmp_path):
     assert all(length < seq_len for length in asked.values()), asked
     assert len(asked) == 2 and report.answers == 2 and report.turns_past_seq_len == 1
     assert len(seqs[0].input_ids) <= seq_len and sum(seqs[0].loss_mask) > 0
+
+
+# --------------------------------------------------------------------------- a data phase longer than a collective timeout
+
+COLLECTIVE_TIMEOUT_S = 3  # what SPECCONVERT_COLLECTIVE_TIMEOUT_S sets for the group in these tests
+DATA_PHASE_S = 6  # process 0's data phase (synthesis, in real runs hours) outlasts it
+
+
+def _data_phase_worker(rank: int, size: int, port: int, folder: str, group_first: bool) -> None:
+    import faulthandler
+    import json
+    import os
+    import time
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank), SPECCONVERT_COLLECTIVE_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S))
+    os.environ.pop("TORCHELASTIC_RUN_ID", None)
+    faulthandler.dump_traceback_later(120, exit=True)  # a deadlock fails instead of hanging
+    from specconvert.training import distributed
+
+    world = distributed.current()
+    result: dict = {"rank": rank}
+    try:
+        if group_first:  # the order before the fix: join the group, then make the data
+            distributed.init(world, "cpu")
+            data_world = world
+        else:  # train_head's order: the data first, exchanged through files; then the group
+            data_world = distributed.before_group(world, Path(folder) / "exchange")
+        if rank == 0:
+            time.sleep(DATA_PHASE_S)  # process 0 synthesizes while the others wait for its answers
+        result["gathered"] = distributed.gather({"answers": [rank] * 3}, data_world)
+        distributed.init(world, "cpu")
+        distributed.end_data_phase(data_world)
+        result["after"] = distributed.any_true(rank == 1, world)  # the group works once the data is made
+    except Exception as exc:  # noqa: BLE001 - the test reads what killed the waiting process
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    distributed.finish(world)
+
+
+@pytest.mark.parametrize("group_first", [pytest.param(True, id="group-first-dies"),
+                                         pytest.param(False, id="data-first-survives")])
+def test_a_data_phase_longer_than_the_collective_timeout(tmp_path, group_first):
+    """Process 1 waits for process 0's data longer than a collective may wait: inside the process group it dies
+    (what a multi-process convert did during hours of synthesis); before the group, through files, it survives."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from specconvert.serving.process import free_port
+
+    mp.spawn(_data_phase_worker, args=(2, free_port("127.0.0.1"), str(tmp_path), group_first), nprocs=2, join=True)
+    waiting = json.loads((tmp_path / "rank1.json").read_text())
+    if group_first:
+        assert "error" in waiting and "gathered" not in waiting
+        assert "timed out" in waiting["error"].lower() or "timeout" in waiting["error"].lower(), waiting["error"]
+        return
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in results:
+        assert "error" not in r, r
+        assert r["gathered"] == [{"answers": [0, 0, 0]}, {"answers": [1, 1, 1]}] and r["after"] is True
+    assert not (tmp_path / "exchange").exists() or not any((tmp_path / "exchange").iterdir())  # files removed
+
+
+# --------------------------------------------------------------------------- FSDP with served answers, end to end
+
+SLOW_DATA_TIMEOUT_S = 10  # the group's collective timeout in this run; its data phase takes about twice that
+
+
+def test_a_sharded_convert_trains_on_served_answers_and_self_prompts_made_longer_than_the_timeout(tmp_path):
+    """target_sharding: fsdp with engine: url and self:N under torchrun: the served engine writes the prompts and
+    answers them while process 1 waits, longer than a collective may wait; then both processes shard the target
+    and train. No process ever runs generate (a sharded model's generate on one process would hang)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specconvert.training.answers import GREEDY
+    from specconvert.training.answers.inprocess import InProcessSource
+    from tests.helpers.openai_double import Double
+    from tests.tiny_models import write_tiny_target
+    from tests.training.test_prompt_sets import chat_tokenizer
+
+    target = write_tiny_target(tmp_path / "target", num_hidden_layers=4, eos_token_id=255, logit_scale=30.0)
+    tok = chat_tokenizer()
+    tok.save_pretrained(target)  # with a chat template: self:N needs one
+    opening = list(tok("<|im_start|>user\n", add_special_tokens=False)["input_ids"])
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    local = InProcessSource(model, [255], 0, 1)
+    written = []
+    lock = threading.Lock()
+
+    def answer(prompt, max_tokens):
+        with lock:
+            if prompt == opening and written:  # a sampled request for a new prompt: a different one each time
+                written.append(len(written))
+                return list(tok(f"please count to {len(written)} slowly", add_special_tokens=False)["input_ids"]) + [255]
+            if prompt == opening:
+                written.append(0)  # the first is the probe's greedy request: the target's own continuation
+            got = {}
+            local.answer([((0, 0), prompt)], max_tokens, GREEDY, lambda k, a: got.setdefault(k, a))
+            return got[(0, 0)]
+
+    recipe = write_recipe(tmp_path / "r.yaml", f"""name: tiny-sharded-served
+target:
+  model: {target}
+  dtype: float32
+draft:
+  train:
+    prompts: self:8
+    self_prompts: {{batch_size: 4}}
+    max_new_tokens: 12
+    draft_vocab_size: 128
+    steps: 2
+    batch_size: 2
+    seq_len: 128
+    eval_prompts: null
+    num_processes: 2
+    target_sharding: fsdp
+    synthesis: {{engine: url, urls: ['URL'], concurrency: 1, probe_prompts: 1}}
+runtime:
+  device: cpu
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECCONVERT_COLLECTIVE_TIMEOUT_S": str(SLOW_DATA_TIMEOUT_S)}
+    env.pop("WORLD_SIZE", None)
+    with Double(answer) as double:
+        recipe.write_text(recipe.read_text().replace("URL", double.url))
+        double.delay_s = 1.5 * SLOW_DATA_TIMEOUT_S / 18  # 18 requests: the data phase outlasts the timeout 1.5 times
+        proc = subprocess.run([sys.executable, "-m", "specconvert", "convert", str(recipe), "--json"],
+                              capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(double.requests) * double.delay_s > SLOW_DATA_TIMEOUT_S
+    training = json.loads(proc.stdout)["manifest"]["training"]
+    assert training["processes"] == 2 and training["steps"] == 2
+    data = training["data"]
+    assert data["self_prompts"] == 8 and data["synthesis_engine"] == "url" and data["answers"] == 8
