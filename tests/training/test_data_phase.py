@@ -228,3 +228,102 @@ runtime:
     assert training["processes"] == 2 and training["steps"] == 2
     data = training["data"]
     assert data["self_prompts"] == 8 and data["synthesis_engine"] == "url" and data["answers"] == 8
+
+
+# --------------------------------------------------------------------------- synthesis on the GPU: no idle target beside it
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize("runtime, fraction", [
+    pytest.param({"device": "cuda"}, "0.67", id="cuda-free-memory"),  # 0.9 x 60/80 GiB free
+    pytest.param({"device": "auto"}, "0.67", id="auto-on-a-gpu"),
+    pytest.param({"device": "cuda", "vllm_memory_fraction": 0.5}, "0.5", id="the-recipe-wins"),
+    pytest.param({"device": "cpu"}, "0.3", id="cpu-build-ram-fraction"),
+])
+def test_the_synthesis_vllm_is_sized_from_the_gpus_free_memory(tmp_path, monkeypatch, runtime, fraction):
+    """On a (fake) CUDA GPU with 60 of 80 GiB free, the server asks for 0.9 of the free share, not the CPU build's
+    fraction of RAM (0.3 would starve an 8B; the 0.92 default would not start beside anything else)."""
+    import torch
+
+    from specconvert.recipe import validate_recipe
+    from specconvert.training.answers.vllm import VllmSource
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * GIB, 80 * GIB))
+    recipe = validate_recipe({"name": "demo", "target": {"model": "t"}, "runtime": runtime,
+                              "draft": {"train": {"synthesis": {"engine": "vllm"}}}}, base_dir=tmp_path)
+    source = VllmSource(recipe.draft.train.synthesis, recipe, tmp_path / "target", "bfloat16", [2], None, tmp_path)
+    argv, _ = source.command("/cuda/bin/python", 8123)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == fraction
+
+
+def test_served_synthesis_starts_its_vllm_before_any_copy_of_the_target_is_loaded(cli, tmp_path, monkeypatch):
+    """engine: vllm: the server runs while convert holds no target (the probe's reference is loaded on the CPU when
+    the probe runs, after the server started), and the training copy loads after the server stopped."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specconvert.backends.vllm import launch
+    from specconvert.training import pipeline
+    from specconvert.training.answers import GREEDY
+    from specconvert.training.answers.inprocess import InProcessSource
+    from specconvert.training.answers.url import ServedSource
+    from specconvert.training.answers.vllm import VllmSource
+    from tests.helpers.openai_double import Double
+    from tests.tiny_models import write_tiny_target
+    from tests.training.test_convert_train import recipe
+
+    target = write_tiny_target(tmp_path / "target", eos_token_id=255, logit_scale=30.0)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    local = InProcessSource(model, [255], 0, 1)
+
+    def answer(prompt, max_tokens):
+        got = {}
+        local.answer([((0, 0), prompt)], max_tokens, GREEDY, lambda k, a: got.setdefault(k, a))
+        return got[(0, 0)]
+
+    events = []
+    real_load = pipeline.load_whole_target
+    monkeypatch.setattr(pipeline, "load_whole_target", lambda path, device, *a: events.append(("load", device))
+                        or real_load(path, device, *a))
+    monkeypatch.setattr(launch, "find_python", lambda *a, **k: "/fake/vllm/python")
+    with Double(answer) as double:
+        def start(self):  # the server "starts": from here requests go to the double
+            events.append("server start")
+            self._stack = object()
+            self._client = ServedSource([double.url], None, self.stop_ids, concurrency=4, tokenizer=self.tokenizer)
+            return self
+
+        def close(self):
+            if self._stack is not None:
+                events.append("server stop")
+                self._stack = None
+
+        monkeypatch.setattr(VllmSource, "start", start)
+        monkeypatch.setattr(VllmSource, "close", close)
+        result = cli("convert", recipe(tmp_path, target, steps=2, eval_samples=1,
+                                       extra="    synthesis: {engine: vllm, concurrency: 4}"), "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["manifest"]["training"]["data"]["probe_tokens"] > 0
+    start, stop = events.index("server start"), events.index("server stop")
+    assert all(e[0] != "load" for e in events[:start]), events  # nothing of the target held while the server starts
+    assert [e for e in events[start:stop] if e != "server start"] == [("load", "cpu")], events  # the probe's reference
+    assert ("load", "cpu") in events[stop:], events  # the training copy (on this CPU test's device)
+
+
+@pytest.mark.parametrize("train, after", [
+    pytest.param({"num_processes": 2, "target_sharding": "fsdp", "prompts": "self:8",
+                  "synthesis": {"engine": "url", "urls": ["http://h:1"]}}, True, id="fsdp-url-self"),
+    pytest.param({"num_processes": 2, "target_sharding": "fsdp", "synthesize": False}, True, id="fsdp-given-answers"),
+    pytest.param({"synthesis": {"engine": "vllm"}}, True, id="vllm-beside-it"),
+    pytest.param({"synthesis": {"engine": "url", "urls": ["http://h:1"]}}, False, id="url-elsewhere"),
+    pytest.param({}, False, id="inprocess-needs-it"),
+])
+def test_the_training_target_loads_after_the_data_where_it_must(train, after):
+    """A sharded target is never there while the data is made (no generate on a shard), nor a whole one beside a vLLM
+    started here; in-process synthesis needs the target first, and a remote URL does not compete for the device."""
+    from specconvert.recipe import TrainSpec
+    from specconvert.training.pipeline import target_after_data
+
+    assert target_after_data(TrainSpec(**train)) is after
