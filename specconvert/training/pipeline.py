@@ -294,7 +294,6 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size, layer_init)
 
 
-
 def target_after_data(spec: Any) -> bool:
     """Whether the training copy of the target is loaded after the data phase: when the target is sharded
     (a sharded model must never ``generate`` on one process: every forward is collective), and when a vLLM
