@@ -224,7 +224,8 @@ class TrainSpec(_Strict):
         "none",
         description="`none`: every process loads the whole target. `fsdp`: the target's weights are sharded over the "
         "`num_processes` processes with FSDP2 (each holds 1/N), for targets larger than one device; the head stays "
-        "replicated. Needs `num_processes` >= 2 and answers that are not generated in process (`synthesize: false`).",
+        "replicated. Needs `num_processes` >= 2 and answers that are not generated in process (`synthesize: false`, or "
+        "`synthesis.engine: vllm | url`: the data is made before the target is sharded).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "bf16-mixed"] = Field(
         "auto", description="Training precision of the head. `bf16-mixed`: float32 weights and optimizer, the forward and "
@@ -289,10 +290,21 @@ class TrainSpec(_Strict):
         if self.target_sharding == "fsdp" and self.num_processes < 2:
             raise ValueError("draft.train.target_sharding: fsdp shards the target over the training processes; "
                              "set draft.train.num_processes: 2 or more (one per GPU)")
-        if self.target_sharding == "fsdp" and self.synthesize:
+        if self.target_sharding == "fsdp" and self.synthesize and self.synthesis.engine == "inprocess":
             raise ValueError("draft.train.target_sharding: fsdp does not generate answers in process (every sharded "
-                             "forward is collective); set draft.train.synthesize: false and give the answers in the "
-                             "prompt file, or use target_sharding: none")
+                             "forward is collective); set draft.train.synthesis.engine: vllm or url (a served engine "
+                             "answers, and writes self:N prompts, before the target is sharded), or set "
+                             "draft.train.synthesize: false and give the answers in the prompt file, or use "
+                             "target_sharding: none")
+        return self
+
+    @model_validator(mode="after")
+    def _self_prompts_need_synthesis(self) -> "TrainSpec":
+        specs = [self.prompts] if isinstance(self.prompts, str) else self.prompts
+        if not self.synthesize and any(spec.startswith("self:") for spec in specs):
+            raise ValueError("draft.train.prompts: self:N prompts have no answers with synthesize: false (the target "
+                             "writes only the question); set draft.train.synthesize: true, or replace self:N with a "
+                             "prompt file whose rows end with an assistant turn")
         return self
 
 

@@ -52,6 +52,7 @@ class DataReport:
     synthesis_engine: str = ""
     answers: int = 0  # assistant turns synthesized (several per multi-turn sample)
     conversations_cut: int = 0  # multi-turn samples ended early: an answer reached max_new_tokens
+    turns_past_seq_len: int = 0  # multi-turn samples ended early: the next turn's answer would start past seq_len
     probe_tokens: int = 0  # answer tokens a served engine matched the in-process target on
     self_prompts: int = 0  # prompts the target wrote (self:N), in `prompts`
     self_prompts_s: float = 0.0  # writing them (a rerun reads them from the cache)
@@ -285,8 +286,9 @@ def synthesize_conversations(train: Any, samples: list[dict[str, Any]], tokenize
         progress.advance(task, len(mine) - len(todo))
         got = answer_all(source, {key: contexts[key] for key in mine}, cache, train.max_new_tokens, sampling,
                          lambda n: progress.advance(task, n))
-        for part, cached in gather((got, len(mine) - len(todo)), world):
-            answers.update(part)
+        # as JSON rows (the data phase exchanges through files before the process group exists)
+        for part, cached in gather(([[i, t, ids] for (i, t), ids in got.items()], len(mine) - len(todo)), world):
+            answers.update({(i, t): ids for i, t, ids in part})
             report.synthesis_cached += cached
         following = []
         for i in active:
@@ -296,9 +298,13 @@ def synthesize_conversations(train: Any, samples: list[dict[str, Any]], tokenize
             if not answer or answer[-1] not in stops:
                 report.conversations_cut += 1  # an answer cut at max_new_tokens: what followed it never happened
                 continue
-            contexts[(i, turn + 1)], histories[i] = next_turn_prompt(
+            following_ids, history = next_turn_prompt(
                 contexts[(i, turn)], answer, histories[i], turns[i][turn + 1], tokenizer, stop_ids,
                 f"draft.train.prompts sample {i + 1}")
+            if len(following_ids) >= train.seq_len:  # its answer would start past seq_len: all of it thrown away
+                report.turns_past_seq_len += 1
+                continue
+            contexts[(i, turn + 1)], histories[i] = following_ids, history
             following.append(i)
         active = following
         turn += 1

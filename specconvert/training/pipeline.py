@@ -185,7 +185,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     spec = recipe.draft.train
     cache = cache_dir(recipe)
     world = distributed.current()
-    device = distributed.init(world, device)
+    device = distributed.device_for(world, device)  # the process group is joined after the data (distributed.py)
     if not world.main:
         output.set_mode(quiet=True)  # one process reports
     dtype_name = train_dtype(spec.dtype, device.split(":")[0])
@@ -194,27 +194,43 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         output.warn(f"draft.train.dtype: {dtype_name} on a CPU without bf16 units (AMX or AVX-512 BF16) is emulated and "
                     "slower than float32; set draft.train.dtype: float32 here")
     torch.manual_seed(spec.seed)
-    with output.progress() as bar:
-        task = bar.add_task("load target for training", total=1)
-        if spec.target_sharding == "fsdp":  # each process holds 1/N of the target (training/sharded.py)
-            target = sharded.load_target(target_path, world, device, getattr(torch, target_dtype), recipe.target.trust_remote_code)
-        else:
-            target = transformers.AutoModelForCausalLM.from_pretrained(
-                str(target_path), dtype=getattr(torch, target_dtype), trust_remote_code=recipe.target.trust_remote_code
-            ).to(device)
-        target.eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
-        bar.advance(task)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(target_path), trust_remote_code=recipe.target.trust_remote_code)
     stop_ids = list(eos_ids(target_path, tokenizer))
-    if spec.layer_init == "target":
-        check_target_layer(target, aux_layer_ids)  # before any synthesis: a target it cannot start from is refused now
+    torch_dtype = getattr(torch, target_dtype)
+    trust = recipe.target.trust_remote_code
+    later = target_after_data(spec)
+    if later:
+        # The data phase needs the target only to answer the probe (a served engine writes and answers): a copy on
+        # the CPU, loaded when a probe runs, freed before the training copy loads.
+        target = LazyTarget(lambda: load_whole_target(target_path, "cpu", torch_dtype, trust))
+    else:
+        with output.progress() as bar:
+            task = bar.add_task("load target for training", total=1)
+            target = load_whole_target(target_path, device, torch_dtype, trust)
+            bar.advance(task)
+    if spec.layer_init == "target":  # before any synthesis: a target it cannot start from is refused now
+        check_target_layer(empty_target(target_path, torch_dtype, trust) if later else target, aux_layer_ids)
     threads.apply_for_phase(recipe.runtime.threads, "synthesis")
-    # A served source (a vLLM started here, or the user's URLs) lives only while the data is built: a started
-    # server is stopped, on every exit path, before training needs the memory.
+    # The data phase runs before the process group exists (its exchanges go through files): a collective would
+    # time out while process 0 synthesizes for hours. A served source (a vLLM started here, or the user's URLs)
+    # lives only while the data is built: a started server is stopped, on every exit path, before training
+    # needs the memory.
+    data_world = distributed.before_group(world, cache / "exchange")
     with answer_source(recipe, target, tokenizer, stop_ids, target_path, target_dtype, cache) as source, \
             output.progress() as bar:
         sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint,
-                                          bar, world, source=source)
+                                          bar, data_world, source=source)
+    device = distributed.init(world, device)
+    distributed.end_data_phase(data_world)
+    if later:
+        target.release()
+        with output.progress() as bar:
+            task = bar.add_task("load target for training", total=1)
+            if spec.target_sharding == "fsdp":  # each process holds 1/N of the target (training/sharded.py)
+                target = sharded.load_target(target_path, world, device, torch_dtype, trust)
+            else:
+                target = load_whole_target(target_path, device, torch_dtype, trust)
+            bar.advance(task)
     if data.synthesized_tokens:
         rate = data.synthesized_tokens / data.synthesis_s if data.synthesis_s > 0 else 0.0
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
@@ -276,6 +292,65 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     output.check(True, f"trained {result.steps}/{result.total_steps} steps in {result.train_s / 60:.1f} min "
                        f"(stopped by {result.stopped_by}); best held-out tau estimate {result.best_score:.2f} at step {result.best_step}")
     return TrainedHead(result.tensors, arch, vocab, data, result, dtype_name, world.size, layer_init)
+
+
+def target_after_data(spec: Any) -> bool:
+    """Whether the training copy of the target is loaded after the data phase: when the target is sharded
+    (a sharded model must never ``generate`` on one process: every forward is collective), and when a vLLM
+    started here synthesizes (it would share the device with an idle copy of the target)."""
+    return spec.target_sharding == "fsdp" or (spec.synthesize and spec.synthesis.engine == "vllm")
+
+
+def load_whole_target(path: Path, device: str, dtype: Any, trust_remote_code: bool) -> Any:
+    """The whole target on ``device``, in eval mode."""
+    transformers = require("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust_remote_code)
+    return model.to(device).eval()
+
+
+def empty_target(path: Path, dtype: Any, trust_remote_code: bool) -> Any:
+    """The target's modules without weights (meta device): its layer shapes, at no memory cost."""
+    transformers = require("transformers")
+    accelerate = require("accelerate")
+    config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    with accelerate.init_empty_weights():
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+class LazyTarget:
+    """A model loaded by ``load`` on its first use (an attribute or a call), dropped by :meth:`release`.
+
+    The data phase's target when only a served engine's probe may need it: a run whose answers are all
+    cached never loads it.
+    """
+
+    def __init__(self, load: Any):
+        self._load = load
+        self._model: Any = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def _get(self) -> Any:
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._get()(*args, **kwargs)
+
+    def release(self) -> None:
+        if self._model is not None:
+            import gc
+
+            self._model = None
+            gc.collect()
 
 
 def answer_source(recipe: Any, model: Any, tokenizer: Any, stop_ids: list[int], target_path: Path, target_dtype: str,

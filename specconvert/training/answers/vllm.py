@@ -61,8 +61,12 @@ class VllmSource(AnswerSource):
         # The synthesis server runs alone while convert waits on it: it gets the synthesis phase's thread budget
         # (`runtime.threads`, `auto` = the CPUs nobody else keeps busy), not `runtime.vllm_threads`, which sizes
         # each of the servers tune, bench and serve-test run side by side.
+        from ..distributed import free_memory_fraction
+
+        # on CUDA: sized from the GPU memory free now (convert holds no copy of the target during synthesis)
         runtime = self.recipe.runtime.model_copy(
-            update={"vllm_dtype": self.target_dtype, "vllm_threads": threads.resolve(self.recipe.runtime.threads)})
+            update={"vllm_dtype": self.target_dtype, "vllm_threads": threads.resolve(self.recipe.runtime.threads),
+                    "vllm_memory_fraction": free_memory_fraction(self.recipe.runtime)})
         build = self.recipe.build.model_copy(
             update={"max_batch_size": max(self.recipe.build.max_batch_size, self.spec.concurrency)})
         args = launch.server_args(str(self.target_path), None, build, runtime, f"{self.recipe.name}-synthesis")
