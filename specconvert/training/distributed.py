@@ -199,7 +199,7 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def free_memory_fraction(runtime: Any, headroom: float = 0.9) -> float:
+def free_memory_fraction(runtime: Any, headroom: float = 0.9) -> float | None:
     """The ``--gpu-memory-utilization`` of a server started on GPU 0 beside this process.
 
     On CUDA (``runtime.device: cuda``, or ``auto`` with a GPU) and when the recipe sets no
@@ -207,8 +207,8 @@ def free_memory_fraction(runtime: Any, headroom: float = 0.9) -> float:
     processes hold stays theirs; vLLM refuses to start when the share of the whole GPU it asks for is
     not free). Otherwise the recipe's value (on the CPU build, a fraction of RAM).
     """
-    if runtime.device == "cpu" or "vllm_memory_fraction" in runtime.model_fields_set:
-        return runtime.vllm_memory_fraction
+    if runtime.device == "cpu" or runtime.vllm_memory_fraction is not None:
+        return runtime.vllm_memory_fraction  # None: the device's default (backends.vllm.launch.DEVICE_DEFAULTS)
     import torch
 
     if not torch.cuda.is_available():
