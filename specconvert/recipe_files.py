@@ -17,7 +17,7 @@ from .errors import InputError
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 _NAME_LINE = re.compile(r"^name:\s*(\S+)\s*$", re.MULTILINE)
-_WORKDIR_LINE = re.compile(r"^workdir:.*$", re.MULTILINE)
+_WORKDIR_LINE = re.compile(r"^workdir:.*\n?", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def base_dir(path: Path) -> Path:
 
 
 def new(name: str, source: str, folder: Path) -> Path:
-    """Copy a recipe to ``folder/NAME.yaml``, named NAME, its work directory ``runs/NAME`` beside the copy.
+    """Copy a recipe to ``folder/NAME.yaml``, named NAME, its work directory ``./runs/NAME`` (of the current directory).
 
     The header's ``recipes/<id>.yaml`` commands are rewritten to the copy's path. Refuses to overwrite.
     """
@@ -97,9 +97,11 @@ def new(name: str, source: str, folder: Path) -> Path:
     if not folder.is_dir():
         raise InputError(f"--dir {folder}: no such folder", fix="create it first, or pass an existing folder")
     text = source_path.read_text(encoding="utf-8")
-    text = _NAME_LINE.sub(f"name: {name}", text, count=1)
-    workdir = f"workdir: {'runs/' + name}"
-    text = _WORKDIR_LINE.sub(workdir, text, count=1) if _WORKDIR_LINE.search(text) else text
+    # the work directory is ./runs/NAME of the folder the command runs in, wherever --dir puts the file
+    workdir = f"workdir: {Path(os.path.relpath(Path.cwd() / 'runs' / name, folder.resolve())).as_posix()}"
+    text = _WORKDIR_LINE.sub("", text, count=1)
+    text = _NAME_LINE.sub(f"name: {name}\n{workdir}", text, count=1) if _NAME_LINE.search(text) else (
+        f"name: {name}\n{workdir}\n" + text)
     shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else str(out)
     if origin is not None:
         text = text.replace(f"recipes/{origin.id}.yaml", shown)

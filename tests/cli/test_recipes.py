@@ -105,7 +105,18 @@ def test_recipe_new_rewrites_a_relative_file_path_of_a_user_recipe(cli, tmp_path
     assert result.code == 0, result.stderr
     data = yaml.safe_load((tmp_path / "dst" / "copy.yaml").read_text(encoding="utf-8"))
     assert data["bench"]["prompts"] == os.path.join("..", "src", "prompts.jsonl")
-    assert data["name"] == "copy" and "workdir" not in data  # it had none: the default runs/copy beside the copy
+    assert data["name"] == "copy"
+    # ./runs/copy of the folder the command ran in, wherever --dir put the file
+    assert data["workdir"] == os.path.relpath(Path.cwd() / "runs" / "copy", tmp_path / "dst")
+
+
+def test_recipe_new_into_a_recipes_folder_keeps_runs_at_the_top(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    assert cli("recipe", "new", "mine", "--from", "smollm2-135m-eagle3-cpu", "--dir", "recipes").code == 0
+    text = (tmp_path / "recipes" / "mine.yaml").read_text(encoding="utf-8")
+    assert "\nname: mine\nworkdir: ../runs/mine\ntarget:" in text
+    assert cli("recipe", "validate", "recipes/mine.yaml", "--json").json()["workdir"] == str(tmp_path / "runs" / "mine")
 
 
 @pytest.mark.parametrize("args, words", [
