@@ -126,11 +126,21 @@ def main(argv: list[str] | None = None) -> None:
     from .. import output
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = _debug_enabled(argv)
-    argv = [a for a in argv if a != "--debug"]
     json_out = "--json" in argv
     if json_out:
         output.hold_json()  # one document on stdout, whatever happens: the report, the error, or both
+    try:
+        _main(argv, json_out)
+    finally:
+        if json_out:  # a SystemExit raised inside a command still gets its document out (no-op when written)
+            output.finish_json()
+
+
+def _main(argv: list[str], json_out: bool) -> None:
+    from .. import output
+
+    debug = _debug_enabled(argv)
+    argv = [a for a in argv if a != "--debug"]
 
     def fail(message: str, code: int, fix: str | None = None, problems: list[str] | None = None) -> None:
         if json_out:

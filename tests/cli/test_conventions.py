@@ -152,3 +152,24 @@ def test_bench_help_says_which_concurrency_the_gate_checks(cli):
     assert "--fail-below-speedup X" in text and "at any measured concurrency level" in text
     for flag in ("--max-concurrency", "--num-prompts", "--output-len, --max-tokens", "--ignore-eos"):
         assert flag in text
+
+
+def test_a_document_is_never_left_held(cli, capsys):
+    """A command that exits by SystemExit after its report still prints it, and nothing stays held for later."""
+    import typer
+
+    from specconvert import output
+    from specconvert.cli import app
+
+    @app.command("reports-then-exits")
+    def reports_then_exits(json_out: bool = typer.Option(False, "--json")) -> None:
+        output.emit_json("demo", {"n": 1})
+        raise SystemExit(3)
+
+    try:
+        result = cli("reports-then-exits", "--json")
+    finally:
+        app.registered_commands.pop()
+    assert result.code == 3 and json.loads(result.stdout)["n"] == 1
+    output.emit_json("later", {})  # outside main: written at once
+    assert json.loads(capsys.readouterr().out)["kind"] == "later"
