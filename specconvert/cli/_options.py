@@ -53,9 +53,6 @@ JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Print one JSON document on stdout and nothing else; on failure "
     "it carries `error`, `exit_code` and `fix`.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or log lines on stderr.")]
-OutDirOpt = Annotated[Optional[Path], typer.Option(
-    "--out", metavar="DIR", help="Where to write the report directory (default: under the recipe's workdir).",
-    show_default=False)]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", metavar="URL", show_default=False,
                                                help="An already running OpenAI-compatible endpoint to use instead "
                                                "of starting the bundle's server.")]
