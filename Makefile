@@ -112,3 +112,16 @@ bench-synthesis: $(STAMP) $(VLLM_STAMP)
 # prints tok/s per arm and the speed target (tuned >= 0.97x the best other arm, >= 1.0x the baseline). After `make demo`.
 bench-tune: $(STAMP) $(VLLM_STAMP)
 	$(VPY) benchmarks/bench_tune.py --recipe $(RECIPE) --vllm-python $(abspath $(VLLM_VENV))/bin/python $(BENCH_ARGS)
+
+.PHONY: check-install gpu-smoke
+# pip's resolver on the TensorRT-LLM 1.2 stack (constraints-trtllm.txt + this project): a dry run, nothing installed.
+# Needs PyPI; 47-53 s on the 2-core CI machine at load 8-9, so .ci/run calls it. `make test` skips that test.
+check-install: $(STAMP)
+	SPECCONVERT_CHECK_INSTALL=1 $(VPY) -m pytest -q tests/install
+
+# On a CUDA machine with torch and this project only (no vLLM, no TensorRT-LLM): a ~1B random Llama through
+# convert's steps (attach, training, FP8 fake-quant) and the lossless check on CUDA, each step's time and peak
+# GPU memory beside `specconvert plan`'s estimate. Exit 3 without CUDA. Not the CPU .venv: the GPU's own python.
+GPU_PYTHON ?= python3
+gpu-smoke:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) benchmarks/gpu_smoke.py $(BENCH_ARGS)

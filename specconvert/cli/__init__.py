@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Hugging Face target + EAGLE-3 head -> a verified speculative-decoding deployment "
     "(TensorRT-LLM, vLLM, SGLang).\n\n"
     "\b\nPipeline, in order (each stage reads the one before from <workdir>/):\n"
-    "  convert -> tune (optional) -> build -> serve-test -> bench\n"
+    "  plan -> convert -> tune (optional) -> build -> serve-test -> bench\n"
     "Start from a shipped recipe: specconvert recipe list",
     no_args_is_help=True,
     add_completion=False,
@@ -41,14 +41,15 @@ from . import (  # noqa: E402  (registers commands)
     convert_cmd,
     generate_cmd,
     inspect_cmd,
+    plan_cmd,
     recipe_cmd,
     serve_cmd,
     tune_cmd,
 )
 
-# --help lists commands in the order they are registered: the pipeline first, in the order it runs
-# (`plan` goes first, before convert), then the tools.
-for _module in (convert_cmd, tune_cmd, build_cmd, serve_cmd, bench_cmd):
+# --help lists commands in the order they are registered: the pipeline first, in the order it runs,
+# then the tools.
+for _module in (plan_cmd, convert_cmd, tune_cmd, build_cmd, serve_cmd, bench_cmd):
     _module.register(app)
 serve_cmd.register_serve(app)
 generate_cmd.register(app)

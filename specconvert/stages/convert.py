@@ -334,20 +334,51 @@ def _write_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, 
     return section
 
 
-def _load_target(recipe: Recipe, p: ConvertPlan, device: str):
+def _load_target(recipe: Recipe, p: ConvertPlan, device: str, max_memory: dict[int, int] | None = None):
+    """The target in ``p.dtype`` on ``device``; with ``max_memory``, spread over those GPUs by a device map."""
     torch = require("torch")
     transformers = require("transformers")
     with output.progress() as bar:
-        task = bar.add_task("load target", total=1)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(p.target.path), dtype=getattr(torch, p.dtype), trust_remote_code=recipe.target.trust_remote_code
-        ).to(device)
+        task = bar.add_task("load target" + (f" over {len(max_memory)} GPUs" if max_memory else ""), total=1)
+        kwargs = {"dtype": getattr(torch, p.dtype), "trust_remote_code": recipe.target.trust_remote_code}
+        if max_memory:
+            # Loaded straight onto the GPUs, layer by layer (never whole on one device); accelerate's hooks move
+            # the activations from GPU to GPU during the calibration forwards.
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(p.target.path), device_map="auto", max_memory=max_memory, **kwargs)
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(p.target.path), **kwargs).to(device)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(p.target.path), trust_remote_code=recipe.target.trust_remote_code)
         bar.advance(task)
     model.eval()
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
     return model, tokenizer
+
+
+def calibration_max_memory(recipe: Recipe, p: ConvertPlan) -> dict[int, int] | None:
+    """Where calibration puts the target (``models.size.calibration_placement``, what ``specconvert plan`` prints):
+    None when it fits the first GPU (moved there whole), else ``max_memory`` for a device map over every
+    visible GPU. Model Optimizer's own PTQ example loads big targets the same way (``device_map="auto"`` over the
+    visible GPUs, ``examples/llm_ptq/example_utils.py`` ``get_model``, Model-Optimizer main as of 0.4x)."""
+    from ..errors import EnvironmentMissing
+    from ..models import size
+
+    torch = require("torch")
+    free = [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+    weights = size.weight_bytes(p.target_config, p.dtype) or 0
+    act = size.forward_activation_bytes(p.target_config, recipe.quantize.calib_seq_len, size.dtype_bytes(p.dtype))
+    gpus, per_gpu = size.calibration_placement(weights, act, free)
+    if gpus <= 1 and (not free or per_gpu <= free[0]):
+        return None
+    if per_gpu > min(free):
+        need = size.calibration_gpus_needed(weights, act, min(free))
+        raise EnvironmentMissing(
+            f"calibrating the target needs about {size.gib(per_gpu)} GiB per GPU over the {len(free)} visible GPU(s) "
+            f"({size.gib(weights)} GiB of weights in {p.dtype}), and the smallest has {size.gib(min(free))} GiB free",
+            fix=f"run convert where {need or 'more'} such GPUs are visible (`specconvert plan` shows the need), or "
+                "start from a pre-quantized checkpoint with quantize.format: none")
+    return size.calibration_max_memory(act, free)
 
 
 def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[str, float], check: Any = None) -> dict[str, Any]:
@@ -357,7 +388,7 @@ def _quantize_target(recipe: Recipe, p: ConvertPlan, out: Path, timings: dict[st
     torch = require("torch")
     q = recipe.quantize
     device = _device(recipe)
-    model, tokenizer = _load_target(recipe, p, device)
+    model, tokenizer = _load_target(recipe, p, device, calibration_max_memory(recipe, p) if device == "cuda" else None)
     t0 = time.perf_counter()
     with output.progress() as bar:
         task = bar.add_task(f"calibrate {q.format}", total=q.calib_samples)
