@@ -62,13 +62,13 @@ BaselineUrlOpt = Annotated[Optional[str], typer.Option(
     "when it lists one).")]
 
 # Exit codes (README "Errors and exit codes"): one table, each command naming what 1 and 4 mean for it.
-_EXIT_CODES = ("0 ok", "1 {one}", "2 bad input: recipe, paths, checkpoints ({fix})", "3 environment missing: GPU, "
-               "package, engine", "4 {four}")
+_EXIT_CODES = ("0 ok", "1 {one}", "2 {two}", "3 environment missing: GPU, package, engine", "4 {four}")
+_BAD_INPUT = "bad input: recipe, paths, checkpoints (one line names the key and the fix)"
 
 
-def exit_codes(one: str, four: str = "an external process failed") -> str:
+def exit_codes(one: str, four: str = "an external process failed", two: str = _BAD_INPUT) -> str:
     """The ``Exit codes`` block of a command's --help (an epilog, kept unwrapped line by line)."""
-    lines = [code.format(one=one, four=four, fix="one line names the key and the fix") for code in _EXIT_CODES]
+    lines = [code.format(one=one, two=two, four=four) for code in _EXIT_CODES]
     return "\b\nExit codes:\n" + "\n".join(f"  {line}" for line in lines)
 
 
