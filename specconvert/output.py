@@ -146,12 +146,14 @@ def quiet_library_bars() -> None:
 class LineProgress:
     """The rich ``Progress`` calls the stages use (add_task, advance, update), as plain stderr lines.
 
-    One line when a task starts, then one each time it passes another 10 % or 30 s have gone by,
-    and one when it completes: a CI log gets a few readable lines, never carriage-return frames.
+    One line when a task starts, then one each time it passes another 10 % (at most one per 5 s, so a
+    task of seconds does not fill the log) or 30 s have gone by, and one when it completes: a CI log gets
+    a few readable lines, never carriage-return frames.
     """
 
     STEP_FRACTION = 0.10
     EVERY_S = 30.0
+    AT_MOST_EVERY_S = 5.0
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
@@ -186,9 +188,10 @@ class LineProgress:
         if finished:
             task["done"] = True
             self._line(task, "done")
-        elif decile > task["last_decile"] or now - task["last_time"] >= self.EVERY_S:
+        elif ((decile > task["last_decile"] and now - task["last_time"] >= self.AT_MOST_EVERY_S)
+              or now - task["last_time"] >= self.EVERY_S):
             self._line(task, "")
-        task["last_decile"] = max(decile, task["last_decile"])
+            task["last_decile"] = decile
 
     def _decile(self, total: float | None, completed: float) -> int:
         return int(completed / total / self.STEP_FRACTION) if total else 0
