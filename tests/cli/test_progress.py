@@ -37,15 +37,15 @@ def _run(env_progress: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("SPECCONVERT_PROGRESS", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
     if env_progress is not None:
         env["SPECCONVERT_PROGRESS"] = env_progress
-    # stdout and stderr are pipes: no TTY, as in CI
-    return subprocess.run([sys.executable, "-c", CONSUMER], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    # stdout and stderr are pipes: no TTY, as in CI. Bytes, not text: text mode would turn each "\r" into "\n".
+    return subprocess.run([sys.executable, "-c", CONSUMER], capture_output=True, cwd=REPO, env=env, timeout=300)
 
 
 def test_no_tty_gives_a_few_lines_and_no_carriage_returns():
     proc = _run()
     assert proc.returncode == 0, proc.stderr
-    assert "\r" not in proc.stderr and "\r" not in proc.stdout
-    lines = proc.stderr.splitlines()
+    assert b"\r" not in proc.stderr and b"\r" not in proc.stdout
+    lines = proc.stderr.decode().split("\n")[:-1]
     synth = [line for line in lines if line.startswith("synthesize answers")]
     train = [line for line in lines if line.startswith("train EAGLE-3 head")]
     assert len(synth) == 2 and len(train) == 2, lines  # a task of a second: start and done only
@@ -58,7 +58,13 @@ def test_no_tty_gives_a_few_lines_and_no_carriage_returns():
 
 def test_off_prints_nothing():
     proc = _run("off")
-    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.returncode == 0 and proc.stderr == b""
+
+
+def test_the_check_sees_carriage_returns_when_bars_are_on():
+    """The same consumer with the bars forced on writes carriage-return frames: the check above can fail."""
+    proc = _run("bar")
+    assert proc.returncode == 0 and b"\r" in proc.stderr
 
 
 def test_a_line_every_30_seconds_when_a_tenth_takes_longer():
