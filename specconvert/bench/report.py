@@ -89,12 +89,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     prompt_desc = (f"synthetic {work.get('input_tokens')} in / {work.get('output_tokens')} out"
                    if work.get("prompts") == "synthetic" else f"`{work.get('prompts')}`, max_tokens {work.get('max_tokens')}")
     settings = report["settings"]
-    sequential = str(report.get("order", "")).startswith("sequential")
+    sequential = str(report.get("order", "")).startswith(("sequential", "in waves"))  # not interleaved
     lines.append(f"- load: {prompt_desc}; {settings['num_requests']} requests per run, {settings['repeats']} "
                  f"{'baseline/speculative' if sequential else 'interleaved'} pair(s) per level, "
                  f"temperature {settings['temperature']}")
     if sequential:
         lines.append(f"- order: {report['order']}: machine drift between the halves is not cancelled")
+    if (report.get("placement") or {}).get("device") == "cuda":
+        lines.append(f"- servers placed on GPUs: {report['placement']['mode']} ({report['placement']['why']})")
     lines.append(f"- {report['created_at']}, specconvert {report['specconvert_version']}")
     lines.append("")
     if base_ep:

@@ -8,8 +8,10 @@
   written into the bench directory).
 - vllm backend: ``python -m vllm.entrypoints.openai.api_server`` twice, speculative and
   baseline, argv from ``backends.vllm.launch`` (the same the bundle's serve scripts hold).
-  When ``runtime.vllm_servers`` resolves to ``together`` all start here; ``sequential`` has the
-  bench stage start one at a time through :func:`vllm_server`.
+  Where they run (``backends.vllm.placement``, :func:`vllm_placement`): on CUDA each on GPUs of its own
+  (``CUDA_VISIBLE_DEVICES``), all at once when there are enough, else in waves; on the CPU build all at once when
+  RAM holds them. ``together`` starts all here; otherwise the bench stage starts one wave at a time through
+  :func:`vllm_server`.
 
 ``fixed`` (bench's ``fixed-kN`` arms): one more server per length N, serving the same head with
 a fixed chain of N: ``serve --draft-len N`` (reference), a ``--speculative-config`` with
@@ -41,13 +43,13 @@ def fixed_label(draft_len: int) -> str:
 
 @contextmanager
 def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_dir: Path, log_dir: Path,
-                   startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
+                   startup_timeout_s: float, fixed: Sequence[int] = (), placement: Any = None) -> Iterator[dict[str, Any]]:
     """Start the bundle's server(s); yield ``{"speculative": url, "baseline": url, "fixed-kN": url, "servers": [...]}``;
-    always reap."""
+    always reap. ``placement``: where vLLM's servers run (:func:`vllm_placement`)."""
     launches: list[Launch] = []
     backend = recipe.runtime.backend
     if backend == "vllm":
-        launches = vllm_launches(recipe, recipe_path, engine_dir, fixed)
+        launches = vllm_launches(recipe, recipe_path, engine_dir, fixed, placement=placement)
     elif backend == "reference":
         command = [sys.executable, "-m", "specconvert", "serve", str(Path(recipe_path).resolve()), "--host", HOST,
                    "--model-name", recipe.name]
@@ -79,10 +81,8 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
         yield info
 
 
-def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Sequence[int] = (),
-                  only: str | None = None) -> list[Launch]:
-    """(label, argv, env) of the vLLM speculative server, its baseline twin and the ``fixed`` arms
-    (``only``: one of them)."""
+def _vllm_bundle(recipe: Any, recipe_path: Path, engine_dir: Path) -> tuple[dict[str, Any], Any, str, Any]:
+    """(artifacts, the bundle's tuned vLLM schedule, the Python that runs vLLM, the launch values for its device)."""
     from ..backends.vllm import launch as vllm
     from ..manifest import require_manifest
 
@@ -93,27 +93,51 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
         raise InputError(f"{engine_dir / 'manifest.json'} names no vLLM draft overlay",
                          fix="run `specconvert build RECIPE --force`")
     python = vllm.find_python(recipe.runtime, vllm.project_roots(recipe_path))
+    values = vllm.launch_values(recipe.runtime, *vllm.launch_device(recipe.runtime, vllm.is_cpu_build(python)))
+    return artifacts, tuned, python, values
+
+
+def vllm_placement(recipe: Any, recipe_path: Path, engine_dir: Path, labels: Sequence[str]) -> Any:
+    """Where bench's vLLM servers (one per label, in run order) run: ``backends.vllm.placement.place``."""
+    from ..backends.vllm import placement
+
+    artifacts, _, _, values = _vllm_bundle(recipe, recipe_path, engine_dir)
+    return placement.place(labels, recipe.runtime, recipe.build, values,
+                           [artifacts.get("target_dir"), artifacts.get("vllm_draft")])
+
+
+def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Sequence[int] = (),
+                  only: Sequence[str] | str | None = None, placement: Any = None) -> list[Launch]:
+    """(label, argv, env) of the vLLM speculative server, its baseline twin and the ``fixed`` arms
+    (``only``: those labels), each on its GPUs when ``placement`` gives them."""
+    from ..backends.vllm import launch as vllm
+
+    artifacts, tuned, python, values = _vllm_bundle(recipe, recipe_path, engine_dir)
     out = []
     servers = vllm.launches(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
-                            recipe.name, tuned)
+                            recipe.name, tuned, values)
     servers += [vllm.chain_launch(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
-                                  recipe.name, n, fixed_label(n)) for n in fixed]
+                                  recipe.name, n, fixed_label(n), values=values) for n in fixed]
     # seeded sampled requests: the CPU build must not split a prompt (launch.whole_prefill_args)
     whole = (vllm.whole_prefill_args(recipe.build, recipe.runtime)
              if recipe.bench.temperature > 0 and vllm.is_cpu_build(python) else [])
+    wanted = [only] if isinstance(only, str) else only
     for server in servers:
-        if only in (None, server.label):
+        if placement is not None:
+            server = placement.apply(server)
+        if wanted is None or server.label in wanted:
             # argv ends with --host/--port, added per start (a free port each time)
             out.append((server.label, [*server.argv, *whole, "--host", HOST], {**os.environ, **server.env}, True))
     return out
 
 
 @contextmanager
-def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: str, log_dir: Path,
-                startup_timeout_s: float, fixed: Sequence[int] = ()) -> Iterator[dict[str, Any]]:
-    """One vLLM server (``label``: speculative | baseline | fixed-kN), for ``runtime.vllm_servers: sequential``."""
-    with started_servers(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label), log_dir,
-                         startup_timeout_s) as info:
+def vllm_server(recipe: Any, recipe_path: Path, engine_dir: Path, label: Sequence[str] | str, log_dir: Path,
+                startup_timeout_s: float, fixed: Sequence[int] = (), placement: Any = None) -> Iterator[dict[str, Any]]:
+    """One vLLM server (``label``: speculative | baseline | fixed-kN), or one wave of them (a list of labels), for
+    servers that do not all run at once."""
+    with started_servers(vllm_launches(recipe, recipe_path, engine_dir, fixed, only=label, placement=placement),
+                         log_dir, startup_timeout_s) as info:
         yield info
 
 

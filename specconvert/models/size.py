@@ -233,3 +233,21 @@ def calibration_max_memory(activation_bytes: float, free_bytes: list[int]) -> di
     (one forward's activations and the CUDA context), so the weights never take the room the forward needs."""
     reserve = activation_bytes + CUDA_CONTEXT_GIB * GIB
     return {i: max(int(free - reserve), 0) for i, free in enumerate(free_bytes)}
+
+# A serving process's GPU memory beyond weights and KV cache (CUDA context, activation workspace, CUDA graphs,
+# sampler buffers): an allowance, not a measurement; the GPU smoke script is where it gets checked.
+SERVER_OVERHEAD_BYTES = 3 * GIB
+
+
+def server_floor_bytes(target_config: dict[str, Any], dtype: str | None, tensor_parallel_size: int,
+                       context_tokens: int, draft_params: int = 0) -> int | None:
+    """The least GPU memory (per GPU) one serving process of the target needs to start: its weights (and a draft's
+    ``draft_params``) at ``dtype`` and the KV cache of one sequence of ``context_tokens``, split over
+    ``tensor_parallel_size`` GPUs, plus :data:`SERVER_OVERHEAD_BYTES`. None when the config lacks the sizes."""
+    weights = weight_bytes(target_config, dtype)
+    if weights is None or model_shape(target_config) is None:
+        return None
+    per_token = kv_bytes_per_token(target_config, dtype_bytes(dtype, target_config))
+    split = max(int(tensor_parallel_size), 1)
+    draft = int(draft_params) * dtype_bytes(dtype, target_config)
+    return (weights + draft + per_token * int(context_tokens)) // split + SERVER_OVERHEAD_BYTES

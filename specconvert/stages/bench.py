@@ -125,27 +125,27 @@ def _run(
 
         # vLLM sends token ids per chunk when asked: exact tokens per chunk instead of apportioned text
         payloads = [{**p, "return_token_ids": True} for p in payloads]
-    together, why = True, None
+    together, why, placement = True, None, None
     if vllm:
-        from ..backends.vllm import memory
+        from ..bench.servers import vllm_placement
 
-        artifacts = engine_manifest.get("artifacts") or {}
-        mode, why = memory.choose_for(recipe.runtime, len(arm_labels(bench.compare_baseline, fixed_labels)),
-                                      [artifacts.get("target_dir"), artifacts.get("vllm_draft")])
-        together = mode == "together"
+        placement = vllm_placement(recipe, recipe_path, engine_dir, arm_labels(bench.compare_baseline, fixed_labels))
+        together, why = placement.together, placement.why
         if not together and recipe.runtime.vllm_servers == "auto":
-            output.warn(f"bench: {why}: the vLLM servers run one after the other, so machine drift between them is not "
+            how = "one after the other" if placement.mode == "sequential" else placement.mode
+            output.warn(f"bench: {why}: the vLLM servers run {how}, so machine drift between them is not "
                         "cancelled (runtime.vllm_servers: together forces them up at once)")
     with stage_dir(out_dir, STAGE, inputs) as stage:
         if not together:
             measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,
-                                                                  stage.path, draft_lens, counters, fixed_labels)
+                                                                  stage.path, draft_lens, counters, fixed_labels,
+                                                                  placement)
         else:
             if url is None:
                 from ..bench.servers import recipe_servers
 
                 servers = recipe_servers(recipe, recipe_path, overrides or [], engine_dir, stage.path,
-                                         bench.startup_timeout_s, fixed)
+                                         bench.startup_timeout_s, fixed, placement=placement)
             else:
                 servers = nullcontext({"speculative": url, "baseline": baseline_url or url, "servers": []})
             with servers as started:
@@ -156,6 +156,8 @@ def _run(
             server_info = started["servers"]
         if why:
             measured["servers_together"] = {"together": together, "why": why}
+        if placement is not None:
+            measured["placement"] = placement.as_dict()
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
                            servers=server_info, tuned=tuned, fixed_labels=fixed_labels)
         trt = None
@@ -218,24 +220,29 @@ def fixed_draft_lens(bench: Any, recipe: Any, tuned: bool, url: str | None) -> l
 
 def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str, Any]], recipe: Any, recipe_path: Path,
                                   engine_dir: Path, log_dir: Path, draft_lens: dict[str, int | None],
-                                  counters: Any, fixed_labels: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """vLLM on a small machine: the baseline server's runs, then each other arm's (never two up at once).
-    Without interleaving, machine drift between the parts is not cancelled: the report says so."""
+                                  counters: Any, fixed_labels: list[str], placement: Any = None
+                                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """vLLM where not every server fits at once: one wave of servers at a time (``placement.waves``; one server per
+    wave on a small machine), each arm's runs in turn. Without interleaving, machine drift between the parts is
+    not cancelled: the report says so."""
     from ..bench.servers import vllm_server
 
     fixed = [draft_lens[label] for label in fixed_labels]
     labels = arm_labels(bench.compare_baseline, fixed_labels)
+    waves = [list(w) for w in placement.waves] if placement is not None else [[label] for label in labels]
     parts, servers = [], []
-    for label in labels:
-        with vllm_server(recipe, recipe_path, engine_dir, label, log_dir, bench.startup_timeout_s, fixed) as started:
-            if label in fixed_labels:
-                model = fixed_chain_model(recipe.name, draft_lens[label])
-            else:
-                model = (bench.model if label == "speculative" else bench.baseline_model) or (
-                    recipe.name if label == "speculative" else f"{recipe.name}-baseline")
-            parts.append(asyncio.run(_measure(bench, api, payloads, started, default_model=None,
-                                              draft_lens=draft_lens, counters=counters,
-                                              fixed_labels=fixed_labels, only=(label, model))))
+    for wave in waves:
+        with vllm_server(recipe, recipe_path, engine_dir, wave, log_dir, bench.startup_timeout_s, fixed,
+                         placement) as started:
+            for label in wave:
+                if label in fixed_labels:
+                    model = fixed_chain_model(recipe.name, draft_lens[label])
+                else:
+                    model = (bench.model if label == "speculative" else bench.baseline_model) or (
+                        recipe.name if label == "speculative" else f"{recipe.name}-baseline")
+                parts.append(asyncio.run(_measure(bench, api, payloads, started, default_model=None,
+                                                  draft_lens=draft_lens, counters=counters,
+                                                  fixed_labels=fixed_labels, only=(label, model))))
             servers += started["servers"]
     measured = parts[0]
     for part in parts[1:]:
@@ -243,8 +250,12 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
             measured[key] = measured[key] + part[key]
         measured["endpoints"] = {**measured["endpoints"], **part["endpoints"]}
         measured["metrics_seen"] = {**measured["metrics_seen"], **part["metrics_seen"]}
-    measured["order"] = (f"sequential: all runs of each arm in turn ({', '.join(labels)}), one server up at a time "
-                         "(runtime.vllm_servers)")
+    if all(len(wave) == 1 for wave in waves):
+        measured["order"] = (f"sequential: all runs of each arm in turn ({', '.join(labels)}), one server up at a "
+                             "time (runtime.vllm_servers)")
+    else:
+        measured["order"] = (f"{placement.mode}: all runs of each arm in turn ({', '.join(labels)}), the servers "
+                             f"up {' then '.join('+'.join(w) for w in waves)} (runtime.vllm_servers)")
     return measured, servers
 
 
@@ -486,6 +497,7 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         "schedule": measured["schedule"],
         "order": measured.get("order", f"interleaved: {', '.join(labels)}, the order rotating by one each repeat, per level"),
         "servers_together": measured.get("servers_together"),
+        "placement": measured.get("placement"),
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
         "levels": levels,
         "acceptance": acceptance,

@@ -113,8 +113,11 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
     target: versions.TargetVersion = decided["target"]
     report: rules.RuleReport = decided["report"]
     final = engine_dir(recipe)
+    # the device the vLLM launch lines are written for; build itself needs none (a CI runner writes a GPU bundle)
+    vllm_values = vllm_launch.launch_values(recipe.runtime)
     inputs = {
         "recipe": recipe.section("build", "runtime"),
+        "vllm_launch": vllm_values.as_dict(),
         "convert_manifest": manifest_hash(convert),
         "tuned": tuned,
         "tune_decision": tune_decision,
@@ -163,9 +166,10 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             overlays[engine] = launch.write_draft_overlay(Path(draft_dir), root / engine / "draft", update)
         launch.write_executable(root / "vllm" / "serve.sh",
                                 launch.vllm_serve(target_dir, str(final / "vllm" / "draft"), recipe.build, recipe.runtime, title,
-                                                  name=recipe.name, tuned=(tuned or {}).get("vllm")))
+                                                  name=recipe.name, tuned=(tuned or {}).get("vllm"), values=vllm_values))
         launch.write_executable(root / "vllm" / "serve-baseline.sh",
-                                launch.vllm_serve_baseline(target_dir, recipe.build, recipe.runtime, title, recipe.name))
+                                launch.vllm_serve_baseline(target_dir, recipe.build, recipe.runtime, title, recipe.name,
+                                                           values=vllm_values))
         launch.write_executable(root / "sglang" / "serve.sh",
                                 launch.sglang_serve(target_dir, str(final / "sglang" / "draft"), recipe.build, recipe.runtime,
                                                     title, tuned=(tuned or {}).get("sglang")))
@@ -201,6 +205,7 @@ def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
             "aux_layer_ids": aux,
             "aux_layer_convention": "output of layer i (TensorRT-LLM eagle3_layers_to_capture)",
             "vllm_aux_layer_ids": launch.vllm_config_aux_ids(aux),
+            "vllm_launch": vllm_values.as_dict(),
             "sglang_config_aux_layer_ids": launch.sglang_config_aux_ids(aux),
             "sglang_captured_layers": launch.sglang_captured_layers(launch.sglang_config_aux_ids(aux)),
             "aux_layer_numbering": launch.aux_layer_numbering(aux),
@@ -293,6 +298,11 @@ def _load_reference(recipe, convert, settings) -> dict[str, Any]:
             "load_skipped_reason": f"specconvert.reference not available in this installation ({exc})",
         }
     device = _reference_device(recipe.runtime.device)
+    if device == "cuda" and not loader.cuda_available()[0]:
+        # the bundle is written for the GPUs it will run on; loading it is where a GPU is needed, not writing it
+        return {"loaded": False, "backend": "reference",
+                "load_skipped_reason": "runtime.device: cuda, and no CUDA device is visible here: the bundle is "
+                                       "written; load it where it runs (`specconvert serve-test`)"}
     dtype = settings["dtype"]
     output.log(f"build: loading the reference EAGLE-3 decoder on {device}")
     started = time.perf_counter()

@@ -552,6 +552,10 @@ def _engine_dtype(recipe: Any, target_config: dict[str, Any]) -> str:
     0.32 downcasts a float32 model to its platform's first supported dtype, bfloat16 (``config/model.py``
     ``_resolve_auto_dtype``, ``platforms/interface.py`` ``supported_dtypes``)."""
     dtype = recipe.runtime.vllm_dtype
+    if dtype is None:  # the device's default, as the launch lines take it (backends.vllm.launch.DEVICE_DEFAULTS)
+        from ..backends.vllm import launch
+
+        dtype = launch.launch_values(recipe.runtime).dtype
     if dtype == "auto":
         dtype = str(target_config.get("torch_dtype") or target_config.get("dtype") or "float32")
         dtype = "bfloat16" if dtype == "float32" else dtype

@@ -30,7 +30,8 @@ from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import canonical_hash, compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
 from ..tuning import forms
 from ..tuning import model as M
-from ..tuning.measure import DRAFTER_IDLE, Measured, measure_reference, measure_vllm, per_position, vllm_launch
+from ..tuning.measure import (DRAFTER_IDLE, Measured, measure_reference, measure_vllm, per_position, server_label,
+                              vllm_launch)
 from .outputs import read_convert, tune_dir
 
 STAGE = "tune"
@@ -77,11 +78,12 @@ def _reference_runs(recipe: Any, convert: dict[str, Any], lengths: list[int]) ->
 
 
 def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths: list[int], lvls: list[int],
-               scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]], bool]:
-    """One vLLM server per candidate length on a draft overlay of tune's own; runs interleaved when RAM holds
-    every server (``runtime.vllm_servers``), else one server at a time. Returns (runs, servers, together)."""
+               scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]], Any]:
+    """One vLLM server per candidate length on a draft overlay of tune's own; runs interleaved when RAM (on CUDA:
+    the GPUs) holds every server (``runtime.vllm_servers``, ``backends.vllm.placement``), else one server or one
+    wave at a time. Returns (runs, servers, placement)."""
     from ..backends import launch
-    from ..backends.vllm import launch as vllm, memory
+    from ..backends.vllm import launch as vllm, placement as placing
 
     tune = recipe.tune
     artifacts = convert["artifacts"]
@@ -90,7 +92,12 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
     overlay = scratch / "vllm-draft"
     launch.write_draft_overlay(Path(artifacts["draft_dir"]), overlay, launch.vllm_overlay_update(aux))
     # DRAFTER_IDLE: what a 0 in vLLM's schedule really costs (the drafter still runs each step)
-    launches = {k: vllm_launch(python, artifacts["target_dir"], str(overlay), recipe.build, recipe.runtime, recipe.name, k)
+    values = vllm.launch_values(recipe.runtime, *vllm.launch_device(recipe.runtime, vllm.is_cpu_build(python)))
+    keys = sorted([*lengths, DRAFTER_IDLE], key=lambda k: k == 0)  # plain decoding's server in the last wave
+    placement = placing.place([server_label(k) for k in keys], recipe.runtime, recipe.build, values,
+                              [artifacts["target_dir"], artifacts["draft_dir"]])
+    launches = {k: vllm_launch(python, artifacts["target_dir"], str(overlay), recipe.build, recipe.runtime, recipe.name, k,
+                               values, placement)
                 for k in [*lengths, DRAFTER_IDLE]}
     samples = _samples(recipe)
     count = max(len(samples), 2 * max(lvls))  # every level keeps its requests in flight for a while
@@ -100,20 +107,21 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
         body = {k: sample[k] for k in ("messages", "prompt") if k in sample} or {"prompt": sample.get("text", "")}
         payloads.append({**body, "max_tokens": tune.max_tokens, "temperature": 0.0, "stream": True,
                          "stream_options": {"include_usage": True}, **vllm.REQUEST_EXTRA})
-    mode, why = memory.choose_for(recipe.runtime, len(launches), [artifacts["target_dir"], artifacts["draft_dir"]])
-    if mode != "together" and recipe.runtime.vllm_servers == "auto":
-        output.warn(f"tune: {why}: one vLLM server at a time, so drift between the candidates is not cancelled "
-                    "(runtime.vllm_servers: together forces them up at once)")
+    together = placement.together
+    if not together and recipe.runtime.vllm_servers == "auto":
+        output.warn(f"tune: {placement.why}: the vLLM servers run {placement.mode}, so drift between the candidates is "
+                    "not cancelled (runtime.vllm_servers: together forces them up at once)")
     output.log(f"tune: vLLM servers for draft lengths {lengths} and a drafter scheduled to 0; {count} requests x {tune.max_tokens} tokens "
-               f"at concurrency {lvls}, " + ("interleaved" if mode == "together" else "one server at a time"))
+               f"at concurrency {lvls}, " + ("interleaved" if together else f"{placement.mode}") + f" ({placement.why})")
+    by_label = {server_label(k): k for k in keys}
     with output.progress() as bar:
         task = bar.add_task("tune: vLLM runs", total=len(launches) * len(lvls) * tune.repeats)
         lossless = recipe.serve_test.lossless  # serve-test's tie rule: `off` compares nothing, here too
         runs, servers = measure_vllm(launches, payloads, lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s,
-                                     repeats=tune.repeats, on_run=lambda: bar.advance(task),
-                                     together=mode == "together",
-                                     tie_margin=None if lossless.mode == "off" else lossless.tie_margin)
-    return runs, servers, mode == "together"
+                                     repeats=tune.repeats, on_run=lambda: bar.advance(task), together=together,
+                                     tie_margin=None if lossless.mode == "off" else lossless.tie_margin,
+                                     waves=[[by_label[label] for label in wave] for wave in placement.waves])
+    return runs, servers, placement
 
 
 # --- the decision ------------------------------------------------------------------------------
@@ -269,14 +277,16 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     t0 = time.perf_counter()
     top = max(lengths)
     servers: list[dict[str, Any]] = []
+    placement = None
     with stage_dir(final, STAGE, inputs) as stage:
         if backend == "vllm":
-            runs, servers, together = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert,
-                                                 lengths, lvls, stage.path)
+            runs, servers, placement = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert,
+                                                  lengths, lvls, stage.path)
             serial = None
             note = ("vLLM batches: each candidate length has its own server, measured at every level, "
-                    + ("runs interleaved across servers" if together else
-                       "one server at a time (RAM for all was not available): drift between candidates is not cancelled"))
+                    + ("runs interleaved across servers" if placement.together else
+                       ("one server at a time" if placement.mode == "sequential" else placement.mode)
+                       + f" ({placement.why}): drift between candidates is not cancelled"))
         else:
             measured = _reference_runs(recipe, convert, lengths)
             # One request per step at any concurrency: the level-1 measurement stands for every level.
@@ -328,6 +338,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             "engine_forms_preview": preview,
             "verdict": lines,
             "servers": servers,
+            "placement": placement.as_dict() if placement is not None else None,
             "tune_s": round(time.perf_counter() - t0, 2),
         }
         write_json_atomic(stage.path / "report.json", report)

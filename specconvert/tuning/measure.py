@@ -15,9 +15,10 @@ tokens, decoding wall time, request-steps and accepted drafts per position.
   there (serve-test's tie rule, ``serving.oracle.diagnose_by_asking``): a lead below the tie margin
   is a numerical tie (a verify forward scores several tokens at once, so a near-tie may flip) and
   ends the comparison of that prompt only; anything else is a divergence.
-  Where RAM does not hold every server (``runtime.vllm_servers``), one server at a time runs all
-  its levels, plain decoding's last (so the diagnosis can ask it); the drift between candidates is
-  then not cancelled, and the report says so.
+  Where RAM (or, on CUDA, the GPUs: ``backends.vllm.placement``) does not hold every server
+  (``runtime.vllm_servers``), one server (or one wave of servers) at a time runs all its levels, plain
+  decoding's last (so the diagnosis can ask it); the drift between candidates is then not cancelled,
+  and the report says so.
   One more vLLM candidate, :data:`DRAFTER_IDLE`: a server whose schedule drafts 0 tokens at every
   batch size. A 0 in vLLM's schedule is not the baseline: vLLM 0.32 still runs the drafter's
   forward pass every step to keep its KV cache in sync (``vllm/v1/spec_decode/llm_base_proposer.py``,
@@ -178,9 +179,10 @@ def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: S
 
 
 def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime: Any, name: str,
-                draft_len: int) -> tuple[list[str], dict[str, str]]:
+                draft_len: int, values: Any = None, placement: Any = None) -> tuple[list[str], dict[str, str]]:
     """argv (without --port) and environment of a vLLM server drafting ``draft_len`` tokens (0: no draft;
-    :data:`DRAFTER_IDLE`: the draft loaded, a schedule of 0 at every batch size)."""
+    :data:`DRAFTER_IDLE`: the draft loaded, a schedule of 0 at every batch size); ``values``: the device's launch
+    values, ``placement``: its GPUs (``backends.vllm.placement``)."""
     from ..backends.vllm import launch as vllm
     from ..bench.servers import HOST
 
@@ -188,18 +190,22 @@ def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime:
     if draft_len == DRAFTER_IDLE:
         idle = {"speculate": True, "num_speculative_tokens": 1,
                 "num_speculative_tokens_per_batch_size": [[1, build.max_batch_size, 0]]}
-    server = vllm.chain_launch(python, target_dir, overlay, build, runtime, name, max(draft_len, 0), _label(draft_len), idle)
+    server = vllm.chain_launch(python, target_dir, overlay, build, runtime, name, max(draft_len, 0), server_label(draft_len), idle,
+                               values)
+    if placement is not None:
+        server = placement.apply(server)
     return [*server.argv, "--host", HOST], {**os.environ, **server.env}
 
 
 def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads: Sequence[dict[str, Any]],
                  levels: Sequence[int], log_dir: Path, startup_timeout_s: float, run_timeout_s: float,
                  repeats: int = 1, on_run: Callable[[], None] | None = None,
-                 together: bool = True, tie_margin: float | None = 0.05
+                 together: bool = True, tie_margin: float | None = 0.05, waves: Sequence[Sequence[int]] | None = None
                  ) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
     """Start every candidate's server, then run ``payloads`` at each level on each, interleaved
     (``together=False``: one server at a time, each running all its levels before the next starts, plain
-    decoding's last). While the plain server is up, each candidate's first difference per prompt at
+    decoding's last; ``waves``: the candidates whose servers are up together, one group after another, plain
+    decoding's in the last). While the plain server is up, each candidate's first difference per prompt at
     concurrency 1 is diagnosed against it (``tie_margin``; None: outputs are not compared at all)."""
     from ..bench.servers import started_servers
 
@@ -209,10 +215,12 @@ def measure_vllm(launches: dict[int, tuple[list[str], dict[str, str]]], payloads
     servers: list[dict[str, Any]] = []
     # one at a time: plain decoding last, so every candidate's outputs exist while its server is still up
     groups = [list(launches)] if together else [[k] for k in sorted(launches, key=lambda k: k == 0)]
+    if waves is not None:
+        groups = [list(w) for w in waves]
     for group in groups:
-        with started_servers([(_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
+        with started_servers([(server_label(k), *launches[k], True) for k in group], log_dir, startup_timeout_s,
                              stage="tune") as started:
-            urls = {k: started[_label(k)] for k in group}
+            urls = {k: started[server_label(k)] for k in group}
             asyncio.run(_runs(urls, payloads, levels, repeats, run_timeout_s, out, on_run, outputs))
             if 0 in urls and tie_margin is not None:
                 diagnoses = asyncio.run(_diagnose(urls[0], payloads, outputs, tie_margin, run_timeout_s))
@@ -262,7 +270,8 @@ async def _diagnose(url: str, payloads: Sequence[dict[str, Any]], outputs: dict[
     return diagnoses
 
 
-def _label(k: int) -> str:
+def server_label(k: int) -> str:
+    """The label of candidate ``k``'s server (its log file, its placement)."""
     return "k0-drafter" if k == DRAFTER_IDLE else f"k{k}"
 
 
@@ -284,7 +293,7 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                 for k in order[shift:] + order[:shift]:
                     client = clients[k]
                     before = await counters.snapshot(client) if k > 0 else None
-                    records, duration = await run_load(client, Endpoint(_label(k), urls[k], models[k], api), payloads, b,
+                    records, duration = await run_load(client, Endpoint(server_label(k), urls[k], models[k], api), payloads, b,
                                                        run_timeout_s)
                     after = await counters.snapshot(client) if k > 0 else None
                     m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * max(k, 0)))

@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     if os.environ.get("FAKE_VLLM_ARGV_LOG"):
         with open(os.environ["FAKE_VLLM_ARGV_LOG"], "a") as fh:
             fh.write(json.dumps({"argv": argv, "env": {k: v for k, v in os.environ.items()
-                                                        if k.startswith(("VLLM_", "OMP_"))}}) + "\n")
+                                                        if k.startswith(("VLLM_", "OMP_", "CUDA_"))}}) + "\n")
     name = arg("--served-model-name", "model")
     spec = json.loads(arg("--speculative-config")) if "--speculative-config" in argv else None
     n_spec = spec["num_speculative_tokens"] if spec else 0

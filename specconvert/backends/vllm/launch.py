@@ -40,6 +40,71 @@ SPECULATIVE, BASELINE = "speculative", "baseline"
 REQUEST_EXTRA = {"return_token_ids": True, "return_tokens_as_token_ids": True}
 
 
+# What a launch value is where the recipe leaves it null (``runtime.vllm_dtype`` / ``vllm_enforce_eager`` /
+# ``vllm_memory_fraction``). CPU: float32 (the reference decoder's dtype, so the oracle compares like with like),
+# eager (compilation costs minutes at startup on a CPU), 0.3 of RAM (vLLM's 0.92 refuses to start on a shared
+# machine). CUDA: vLLM's own defaults (vllm/config/model.py `dtype = "auto"`, `enforce_eager = False`;
+# vllm/config/cache.py `gpu_memory_utilization = 0.92`, vllm 0.32): the target's dtype, CUDA graphs on, and the
+# flag left out (None) so the engine's fraction applies.
+DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu": {"dtype": "float32", "enforce_eager": True, "memory_fraction": 0.3},
+    "cuda": {"dtype": "auto", "enforce_eager": False, "memory_fraction": None},
+}
+ENGINE_MEMORY_FRACTION = 0.92  # vllm/config/cache.py CacheConfig.gpu_memory_utilization (vllm 0.32)
+RECIPE_KEYS = {"dtype": "vllm_dtype", "enforce_eager": "vllm_enforce_eager", "memory_fraction": "vllm_memory_fraction"}
+
+
+@dataclass(frozen=True)
+class LaunchValues:
+    """The device the launch lines are written for, and the values that follow it, each with where it came from:
+    ``recipe``, ``device default (cpu|cuda)`` or ``engine default`` (the flag left out)."""
+
+    device: str
+    device_source: str
+    dtype: str
+    enforce_eager: bool
+    memory_fraction: float | None
+    sources: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "device_source": self.device_source,
+                **{key: {"value": getattr(self, key), "source": self.sources[key]} for key in RECIPE_KEYS}}
+
+
+def launch_device(runtime: Any, cpu_build: bool | None = None) -> tuple[str, str]:
+    """(device, why) the vLLM launch values follow: ``runtime.device``; its ``auto`` = the CPU when the vLLM
+    found is the CPU build (``cpu_build``), else CUDA when a GPU is visible here (``backends.gpus``), else the CPU."""
+    device = getattr(runtime, "device", "auto")
+    if device != "auto":
+        return device, f"runtime.device: {device}"
+    if cpu_build:
+        return "cpu", "runtime.device: auto, the vLLM found is the CPU build"
+    from .. import gpus
+
+    found = gpus.inventory()
+    if found.count:
+        return "cuda", f"runtime.device: auto, {found.count} GPU(s) visible ({found.source})"
+    return "cpu", "runtime.device: auto, no GPU visible"
+
+
+def launch_values(runtime: Any, device: str | None = None, device_source: str | None = None) -> LaunchValues:
+    """What the servers launch with on ``device`` (None: :func:`launch_device`): the recipe's value where it sets
+    one, else the device's default (:data:`DEVICE_DEFAULTS`)."""
+    if device is None:
+        device, device_source = launch_device(runtime)
+    defaults = DEVICE_DEFAULTS["cuda" if device == "cuda" else "cpu"]
+    chosen, sources = {}, {}
+    for key, field_name in RECIPE_KEYS.items():
+        value = getattr(runtime, field_name, None)
+        if value is not None:
+            chosen[key], sources[key] = value, "recipe"
+        else:
+            chosen[key] = defaults[key]
+            sources[key] = "engine default" if chosen[key] is None else f"device default ({device})"
+    return LaunchValues(device, device_source or f"runtime.device: {device}", chosen["dtype"],
+                        bool(chosen["enforce_eager"]), chosen["memory_fraction"], sources)
+
+
 @dataclass(frozen=True)
 class ServerLaunch:
     """One vLLM server: argv (without host/port), the environment it adds, and the model name it serves."""
@@ -91,22 +156,26 @@ def drafted_chain(argv: list[str], batch_size: int) -> int:
 
 
 def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, served_model_name: str,
-                tuned: dict[str, Any] | None = None) -> list[str]:
+                tuned: dict[str, Any] | None = None, values: LaunchValues | None = None) -> list[str]:
     """The api_server arguments after ``python -m MODULE``; ``draft_dir=None`` = the baseline twin.
 
     ``tuned``: vLLM's settings from `specconvert tune` (``num_speculative_tokens``, and
     ``num_speculative_tokens_per_batch_size`` when the choice varies with the batch); when they
     say speculation does not pay, the speculative server runs without a draft too.
+    ``values``: dtype, eager mode and memory fraction for the device (default: :func:`launch_values`).
     """
+    values = values or launch_values(runtime)
     args = ["--model", str(target_dir), "--served-model-name", served_model_name,
-            "--dtype", runtime.vllm_dtype,
+            "--dtype", values.dtype,
             "--max-model-len", str(max_model_len(build, runtime)),
             "--max-num-seqs", str(build.max_batch_size),
             "--tensor-parallel-size", str(build.tensor_parallel_size)]
     if build.moe_expert_parallel_size > 1:
         args.append("--enable-expert-parallel")
-    args += ["--gpu-memory-utilization", f"{runtime.vllm_memory_fraction:g}", "--seed", "0"]
-    if runtime.vllm_enforce_eager:
+    if values.memory_fraction is not None:  # None: vLLM's own default
+        args += ["--gpu-memory-utilization", f"{values.memory_fraction:g}"]
+    args += ["--seed", "0"]
+    if values.enforce_eager:
         args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
     if draft_dir is not None and (tuned is None or tuned["speculate"]):
         config = speculative_config(draft_dir, tuned["num_speculative_tokens"] if tuned else build.max_draft_len)
@@ -116,8 +185,11 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
     return args
 
 
-def server_env(runtime: Any) -> dict[str, str]:
-    """Environment variables the server needs on top of the caller's (CPU build; a CUDA build ignores them)."""
+def server_env(runtime: Any, device: str | None = None) -> dict[str, str]:
+    """Environment variables the server needs on top of the caller's: the CPU build's KV-cache size and threading;
+    none on CUDA (``device``, default :func:`launch_device`), whose build ignores them."""
+    if (device or launch_device(runtime)[0]) == "cuda":
+        return {}
     env = {"VLLM_CPU_KVCACHE_SPACE": str(runtime.vllm_kv_cache_gib)}
     if runtime.vllm_threads:
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(runtime.vllm_threads))
@@ -127,30 +199,45 @@ def server_env(runtime: Any) -> dict[str, str]:
 
 
 def launches(python: str, target_dir: str, draft_dir: str, build: Any, runtime: Any, name: str,
-             tuned: dict[str, Any] | None = None) -> list[ServerLaunch]:
+             tuned: dict[str, Any] | None = None, values: LaunchValues | None = None) -> list[ServerLaunch]:
     """The speculative server and its baseline twin: same target, same settings, one without the draft."""
-    env = server_env(runtime)
+    values = values or launch_values(runtime, *launch_device(runtime, is_cpu_build(python)))
+    env = server_env(runtime, values.device)
     return [
-        ServerLaunch(SPECULATIVE, [python, "-m", MODULE, *server_args(target_dir, draft_dir, build, runtime, name, tuned)],
+        ServerLaunch(SPECULATIVE, [python, "-m", MODULE,
+                                   *server_args(target_dir, draft_dir, build, runtime, name, tuned, values)],
                      env, name),
         ServerLaunch(BASELINE, [python, "-m", MODULE,
-                                *server_args(target_dir, None, build, runtime, f"{name}-baseline")],
+                                *server_args(target_dir, None, build, runtime, f"{name}-baseline", values=values)],
                      env, f"{name}-baseline"),
     ]
 
 
 def chain_launch(python: str, target_dir: str, draft_dir: str, build: Any, runtime: Any, name: str, draft_len: int,
-                 label: str, tuned: dict[str, Any] | None = None) -> ServerLaunch:
+                 label: str, tuned: dict[str, Any] | None = None, values: LaunchValues | None = None) -> ServerLaunch:
     """A server drafting a fixed chain of ``draft_len`` (0: the target alone), served as ``<name>-k<draft_len>``:
     bench's ``fixed-kN`` arms and tune's candidates. ``tuned`` overrides the draft settings as in :func:`server_args`."""
+    values = values or launch_values(runtime, *launch_device(runtime, is_cpu_build(python)))
     served = fixed_chain_model(name, draft_len) if tuned is None else f"{name}-{label}"
     build_k = build.model_copy(update={"max_draft_len": max(draft_len, 1)})
-    args = server_args(target_dir, draft_dir if (draft_len or tuned) else None, build_k, runtime, served, tuned)
-    return ServerLaunch(label, [python, "-m", MODULE, *args], server_env(runtime), served)
+    args = server_args(target_dir, draft_dir if (draft_len or tuned) else None, build_k, runtime, served, tuned, values)
+    return ServerLaunch(label, [python, "-m", MODULE, *args], server_env(runtime, values.device), served)
+
+
+def placed(server: ServerLaunch, env: dict[str, str], memory_fraction: float | None = None) -> ServerLaunch:
+    """``server`` on the GPUs its placement gave it (``env``: ``CUDA_VISIBLE_DEVICES``), with its
+    ``--gpu-memory-utilization`` replaced (or added) where servers share a GPU (``memory_fraction``)."""
+    argv = list(server.argv)
+    if memory_fraction is not None:
+        if "--gpu-memory-utilization" in argv:
+            argv[argv.index("--gpu-memory-utilization") + 1] = f"{memory_fraction:g}"
+        else:
+            argv[argv.index("--seed"):argv.index("--seed")] = ["--gpu-memory-utilization", f"{memory_fraction:g}"]
+    return ServerLaunch(server.label, argv, {**server.env, **env}, server.served_model_name)
 
 
 def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: Any, name: str, title: str,
-                 tuned: dict[str, Any] | None = None) -> str:
+                 tuned: dict[str, Any] | None = None, values: LaunchValues | None = None) -> str:
     """``engine/vllm/serve.sh`` (or ``serve-baseline.sh`` for ``draft_dir=None``): the argv above, rendered by
     ``backends.script.render_script`` (every word quoted, comment lines escaped).
 
@@ -158,10 +245,11 @@ def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: An
     choice varies with the batch, ``num_speculative_tokens_per_batch_size``; without speculation
     (``tuned["speculate"]`` false) the speculative script serves the target alone.
     """
-    args = server_args(target_dir, draft_dir, build, runtime, name if draft_dir else f"{name}-baseline", tuned)
+    values = values or launch_values(runtime)
+    args = server_args(target_dir, draft_dir, build, runtime, name if draft_dir else f"{name}-baseline", tuned, values)
     if tuned is not None and not tuned["speculate"]:
         draft_dir = None
-    variables = server_env(runtime)
+    variables = server_env(runtime, values.device)
     if draft_dir:
         what = "with EAGLE-3 (" + ("tuned by `specconvert tune`" if tuned else "chain of max_draft_len") + ")"
     elif tuned is not None:
@@ -173,6 +261,11 @@ def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: An
         "Runs with vllm (CUDA) and vllm-cpu alike: `python -m vllm.entrypoints.openai.api_server`, because",
         "vllm-cpu's `vllm` console script fails (PackageNotFoundError for the distribution 'vllm').",
         "  VLLM_PYTHON=.venv-vllm/bin/python PORT=8001 engine/vllm/serve.sh",
+        f"Written for {values.device} ({values.device_source}): --dtype {values.dtype} ({values.sources['dtype']}), "
+        + ("--enforce-eager" if values.enforce_eager else "CUDA graphs/compilation on")
+        + f" ({values.sources['enforce_eager']}), memory fraction "
+        + (f"{values.memory_fraction:g}" if values.memory_fraction is not None else "vLLM's own")
+        + f" ({values.sources['memory_fraction']}).",
     ]
     if draft_dir:
         comments += ["The draft path is the bundle's overlay: its config.json carries the top-level",

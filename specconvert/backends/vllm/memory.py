@@ -1,4 +1,5 @@
-"""Whether several vLLM CPU servers fit in RAM at once (``runtime.vllm_servers: auto``).
+"""Whether several vLLM CPU servers fit in RAM at once (``runtime.vllm_servers: auto``; on CUDA the GPUs decide:
+``placement.py``).
 
 bench interleaves its arms (baseline, the bundle, ``fixed-kN``) only when every server is up at
 once; on a small machine that may not fit, and a server that dies of the OOM killer halfway
@@ -149,9 +150,12 @@ def available_gib(meminfo: Path = Path("/proc/meminfo"), cgroup_root: Path = Pat
     return min(found) if found else None
 
 
-def choose_for(runtime: Any, servers: int, weight_dirs: Iterable[str | Path | None]) -> tuple[str, str]:
-    """:func:`choose` for ``servers`` vLLM servers of ``runtime`` loading the weights in ``weight_dirs``."""
-    per_server = server_gib(runtime.vllm_kv_cache_gib, weights_gib(weight_dirs, runtime.vllm_dtype))
+def choose_for(runtime: Any, servers: int, weight_dirs: Iterable[str | Path | None],
+               dtype: str | None = None) -> tuple[str, str]:
+    """:func:`choose` for ``servers`` vLLM servers of ``runtime`` loading the weights in ``weight_dirs`` at ``dtype``
+    (default: ``runtime.vllm_dtype``, else the CPU's default, float32)."""
+    dtype = dtype or getattr(runtime, "vllm_dtype", None) or "float32"
+    per_server = server_gib(runtime.vllm_kv_cache_gib, weights_gib(weight_dirs, dtype))
     return choose(runtime.vllm_servers, servers, per_server, available_gib())
 
 
