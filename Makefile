@@ -30,7 +30,7 @@ env: $(STAMP)
 # (one server per length) and build writes the winner per engine; serve-test checks the tuned bundle
 # against vLLM without speculation and against the reference decoder (the oracle); bench compares it
 # with the baseline at concurrency 1 and 4.
-DEMO_VLLM = --set runtime.backend=vllm --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
+DEMO_VLLM = --set runtime.vllm_python=$(abspath $(VLLM_VENV))/bin/python
 demo: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/specconvert recipe validate $(RECIPE)
 	# convert trains the head (three sampled answers per prompt from the project's vLLM + 1200 seeded training steps of 4 sequences
@@ -91,7 +91,7 @@ bench-decode: $(STAMP)
 
 # The latency benchmark of the default recipe (speculative vs baseline through the reference server).
 bench-demo: $(STAMP)
-	$(VENV)/bin/specconvert bench $(RECIPE)
+	$(VENV)/bin/specconvert bench $(RECIPE) --set runtime.backend=reference
 
 # Acceptance cost of quantizing the target (issue 19): the same head and prompts on none / fp8 / int4_awq targets
 # (Model Optimizer fake-quant, convert's calibration). BENCH_ARGS="--convert runs/NAME/convert" after a convert,

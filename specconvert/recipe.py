@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -854,9 +856,10 @@ class Recipe(_Strict):
         return self._base_dir
 
     def resolve_path(self, value: str) -> Path:
-        """A path from the recipe, relative to the recipe file."""
+        """A path from the recipe, relative to the recipe file (``--set`` paths arrive absolute: see ``load_recipe``)."""
         path = Path(value).expanduser()
-        return path if path.is_absolute() else (self._base_dir / path).resolve()
+        # `..` is taken lexically first: through the `recipes` link, resolve() would climb from the link's target
+        return path if path.is_absolute() else Path(os.path.normpath(self._base_dir / path)).resolve()
 
     @property
     def workdir_path(self) -> Path:
@@ -921,7 +924,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise InputError(f"recipe '{path}' is a folder, not a recipe file",
                          fix=f"pass one of its YAML files: {', '.join(inside)}" if inside else "pass a recipe YAML file")
     if not path.is_file():
-        raise InputError(f"recipe file '{path}' does not exist", fix="pass the path of a recipe YAML, e.g. recipes/smollm2-135m-eagle3-cpu.yaml")
+        raise InputError(f"recipe file '{path}' does not exist",
+                         fix="pass the path of a recipe YAML, or the name of a shipped one (`specconvert recipe list`), "
+                         "e.g. smollm2-135m-eagle3-cpu")
     try:
         data = parse_yaml(path.read_text(encoding="utf-8"))
     except DuplicateKey as exc:
@@ -937,8 +942,61 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = {}
     if not isinstance(data, dict):
         raise InputError(f"{path}: a recipe is a mapping of keys, got {type(data).__name__}", fix="start from recipes/smollm2-135m-eagle3-cpu.yaml")
-    data = apply_overrides(data, overrides or [])
-    return validate_recipe(data, source=str(path), base_dir=path.resolve().parent)
+    data = apply_overrides(data, [_override_from_cwd(text) for text in overrides or []])
+    from .recipe_files import base_dir
+
+    return validate_recipe(data, source=str(path), base_dir=base_dir(path))
+
+
+# Keys whose values are local paths. In the recipe file they are relative to the file; given with --set, relative
+# to the current directory (as every command line), so they are made absolute here and the result is printed.
+PATH_KEYS = ("workdir", "target.model", "draft.model", "draft.train.prompts", "draft.train.texts",
+             "draft.train.eval_prompts", "quantize.calib_prompts", "quantize.eval_prompts", "serve_test.prompts",
+             "bench.prompts", "tune.prompts", "runtime.vllm_python")
+_MODEL_KEYS = ("target.model", "draft.model")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # builtin:, self:, python:, gguf://, http://
+
+
+def _override_from_cwd(text: str) -> str:
+    """``--set KEY=relative/path`` -> ``KEY=/absolute/path`` (from the current directory) for the PATH_KEYS."""
+    if "=" not in text:
+        return text  # parse_override reports it
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if key not in PATH_KEYS:
+        return text
+    try:
+        value = parse_yaml(raw) if raw.strip() else None
+    except (DuplicateKey, yaml.YAMLError):
+        return text
+    values = value if isinstance(value, list) else [value]
+    changed = [_from_cwd(v, key) for v in values]
+    if changed == values:
+        return text
+    from . import output
+
+    for before, after in zip(values, changed):
+        if before != after:
+            output.log(f"--set {key}: {before} -> {after} (relative to the current directory)")
+    return f"{key}={json.dumps(changed if isinstance(value, list) else changed[0])}"
+
+
+def _from_cwd(value: Any, key: str) -> Any:
+    if not isinstance(value, str) or not value.strip() or value == "synthetic" or _SCHEME.match(value):
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return value
+    if key == "runtime.vllm_python" and "/" not in value:
+        return value  # a command on PATH, e.g. python3
+    if (key in _MODEL_KEYS and not value.startswith(".") and not path.exists() and _looks_like_hub_id(value)
+            and not Path(value.split("/", 1)[0]).is_dir()):
+        return value  # owner/name, and no local folder `owner` here: a hub id (models/sources.py decides the same)
+    return str(Path(os.path.normpath(Path.cwd() / path)))
+
+
+def _looks_like_hub_id(value: str) -> bool:
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value) is not None
 
 
 def validate_recipe(data: dict[str, Any], source: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
@@ -949,7 +1007,8 @@ def validate_recipe(data: dict[str, Any], source: str = "<recipe>", base_dir: Pa
         first = problems[0]
         more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
         raise InputError(f"{source}: {first}{more}", problems=problems) from None
-    recipe._base_dir = (base_dir or Path.cwd()).resolve()
+    # absolute but not resolved: a shipped recipe's base sits under the `recipes` link (recipe_files.base_dir)
+    recipe._base_dir = Path(os.path.abspath(base_dir or Path.cwd()))
     return recipe
 
 

@@ -24,6 +24,7 @@ LAYERS = {
     "specconvert.training": 5, "specconvert.serving": 5, "specconvert.bench": 5, "specconvert.tuning": 5,
     "specconvert.heads": 4, "specconvert.backends": 4, "specconvert.manifest": 4, "specconvert.models": 4,
     "specconvert.reference": 3, "specconvert.recipe": 3, "specconvert.prompts": 3, "specconvert.acceptance": 3,
+    "specconvert.recipe_files": 3,
     "specconvert.workdir": 2, "specconvert.threads": 2, "specconvert.yaml_strict": 2, "specconvert._imports": 2,
     "specconvert.draft_schedule": 2,
     "specconvert.output": 1, "specconvert.errors": 1, "specconvert.line_cache": 1,

@@ -24,7 +24,11 @@ from ..errors import SpecConvertError
 
 app = typer.Typer(
     name="specconvert",
-    help="Hugging Face target + EAGLE-3 head -> a verified speculative-decoding deployment on TensorRT-LLM.",
+    help="Hugging Face target + EAGLE-3 head -> a verified speculative-decoding deployment "
+    "(TensorRT-LLM, vLLM, SGLang).\n\n"
+    "\b\nPipeline, in order (each stage reads the one before from <workdir>/):\n"
+    "  plan -> convert -> tune (optional) -> build -> serve-test -> bench\n"
+    "Start from a shipped recipe: specconvert recipe list",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -43,20 +47,30 @@ from . import (  # noqa: E402  (registers commands)
     tune_cmd,
 )
 
-recipe_cmd.register(app)
-convert_cmd.register(app)
-inspect_cmd.register(app)
-build_cmd.register(app)
+# --help lists commands in the order they are registered: the pipeline first, in the order it runs,
+# then the tools.
+for _module in (plan_cmd, convert_cmd, tune_cmd, build_cmd, serve_cmd, bench_cmd):
+    _module.register(app)
+serve_cmd.register_serve(app)
 generate_cmd.register(app)
-serve_cmd.register(app)
-bench_cmd.register(app)
-tune_cmd.register(app)
-plan_cmd.register(app)
+inspect_cmd.register(app)
+build_cmd.register_doctor(app)
+recipe_cmd.register(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"specconvert {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (also SPECCONVERT_DEBUG=1)."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """specconvert: convert, build, serve-test and bench EAGLE-3 speculative decoding."""
 
@@ -110,9 +124,30 @@ class _CtrlC:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .. import output
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    json_out = "--json" in argv
+    if json_out:
+        output.hold_json()  # one document on stdout, whatever happens: the report, the error, or both
+    try:
+        _main(argv, json_out)
+    finally:
+        if json_out:  # a SystemExit raised inside a command still gets its document out (no-op when written)
+            output.finish_json()
+
+
+def _main(argv: list[str], json_out: bool) -> None:
+    from .. import output
+
     debug = _debug_enabled(argv)
     argv = [a for a in argv if a != "--debug"]
+
+    def fail(message: str, code: int, fix: str | None = None, problems: list[str] | None = None) -> None:
+        if json_out:
+            output.finish_json({"error": message, "exit_code": code, "fix": fix, "problems": problems or []})
+        sys.exit(code)
+
     try:
         with _CtrlC() as ctrl_c:
             # Without standalone mode, click returns a command's typer.Exit code instead of raising it.
@@ -121,37 +156,44 @@ def main(argv: list[str] | None = None) -> None:
             from ..workdir import TERMINATED
 
             if ctrl_c.seen or TERMINATED.is_set():
-                print(INTERRUPTED if ctrl_c.seen else INTERRUPTED.replace("(Ctrl-C)", "(SIGTERM)"), file=sys.stderr)
-                sys.exit(130)
+                line = INTERRUPTED if ctrl_c.seen else INTERRUPTED.replace("(Ctrl-C)", "(SIGTERM)")
+                print(line, file=sys.stderr)
+                fail(line, 130)
     except SpecConvertError as exc:
         if debug:
             traceback.print_exc()
         print(f"error: {exc.one_line()}", file=sys.stderr)
         for problem in exc.problems[1:]:
             print(f"  - {problem}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        fail(exc.message, exc.exit_code, exc.fix, exc.problems)
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        sys.exit(130)
+        fail("aborted", 130)
     except typer.Exit as exc:
+        if json_out:
+            output.finish_json({"exit_code": exc.exit_code} if exc.exit_code else None)
         sys.exit(exc.exit_code)
     except _ClickException as exc:
         # Usage errors: wrong option, missing argument.
         exc.show(file=sys.stderr)
-        sys.exit(2)
+        fail(exc.format_message(), 2, "see `specconvert --help` and the command's --help")
     except KeyboardInterrupt:  # raised outside the command (Typer handles it inside)
         print(INTERRUPTED, file=sys.stderr)
-        sys.exit(130)
+        fail(INTERRUPTED, 130)
     except Exception as exc:  # the one place unexpected errors are summarised
         if debug:
             traceback.print_exc()
         disk = _disk_problem(exc)
         if disk:
             print(f"error: {disk}", file=sys.stderr)
-            sys.exit(2)
+            cause, _, fix = disk.partition(". Fix: ")
+            fail(cause, 2, fix or None)
         print(
             f"error: unexpected {type(exc).__name__}: {exc}. Run again with --debug for the traceback",
             file=sys.stderr,
         )
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+        fail(f"unexpected {type(exc).__name__}: {exc}", 1, "run again with --debug for the traceback")
+    code = code if isinstance(code, int) else 0
+    if json_out:
+        output.finish_json({"exit_code": code} if code else None)
+    sys.exit(code)

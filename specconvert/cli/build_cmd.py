@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
-from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, exit_codes, start
 
 NoLoadOpt = Annotated[
     bool, typer.Option("--no-load", help="Write the bundle without loading and warming it in the backend.")
@@ -53,7 +52,8 @@ def build(
 
 
 def doctor(
-    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe YAML to check (optional).", show_default=False)] = None,
+    recipe: Annotated[Optional[str], typer.Argument(help="Recipe YAML or shipped recipe name to check (optional).",
+                                                    metavar="RECIPE", show_default=False)] = None,
     set_: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -76,6 +76,13 @@ def doctor(
         raise EnvironmentMissing(report.reason or "environment missing", fix=report.fix)
 
 
+EXIT_CODES = exit_codes(one="a check failed: an option the TensorRT-LLM version does not accept, or the "
+                        "loaded bundle's warm-up", four="the backend failed to load the bundle")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("build")(build)
-    app.command("doctor")(doctor)
+    app.command("build", epilog=EXIT_CODES, cls=Command)(build)
+
+
+def register_doctor(app: typer.Typer) -> None:
+    app.command("doctor", cls=Command)(doctor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typing_extensions import Annotated
 
-from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, exit_codes, start
 
 AllowPickleOpt = Annotated[
     bool,
@@ -102,8 +102,12 @@ def _relaunch(processes: int, args: list[str]) -> int:
         return 130
 
 
+EXIT_CODES = exit_codes(one="a check failed: export not equal to the head, or the quantization gate "
+                        "(quantize.max_acceptance_drop)", four="an external process failed (torchrun, the vLLM that synthesizes)")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("convert")(convert)
+    app.command("convert", epilog=EXIT_CODES, cls=Command)(convert)
 
 
 def _quantization_rows(acceptance: dict | None) -> list[tuple[str, str]]:

@@ -14,20 +14,20 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import Command, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
 from .serve_cmd import ThreadsOpt, apply_threads, threads_setting
 
-PromptOpt = Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)]
+PromptOpt = Annotated[str, typer.Option("--prompt", "-p", metavar="TEXT", help="Prompt text.", show_default=False)]
 
 
 def generate(
     recipe: RecipeArg,
     prompt: PromptOpt,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most new tokens.")] = 128,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, help="0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0 = all).")] = 0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling.", show_default=False)] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, metavar="N", help="Most new tokens.")] = 128,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, metavar="T", help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, metavar="P", help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, metavar="K", help="Keep the k most likely tokens (0 = all).")] = 0,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="N", help="Seed for sampling.", show_default=False)] = None,
     baseline: Annotated[bool, typer.Option("--baseline", help="Plain decoding without speculation (same target wrapper).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Do not apply the tokenizer's chat template.")] = False,
     threads: ThreadsOpt = None,
@@ -128,4 +128,4 @@ def generate(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("generate")(generate)
+    app.command("generate", cls=Command)(generate)

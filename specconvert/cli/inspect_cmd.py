@@ -8,9 +8,9 @@ from typing import List
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt
+from ._options import Command, JsonOpt
 
-PathsArg = Annotated[List[Path], typer.Argument(help="A target folder, a head folder, or one of each.", show_default=False)]
+PathsArg = Annotated[List[Path], typer.Argument(help="A target folder, a head folder, or one of each.", metavar="PATH...", show_default=False)]
 
 
 def inspect(
@@ -39,4 +39,4 @@ def inspect(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("inspect")(inspect)
+    app.command("inspect", cls=Command)(inspect)

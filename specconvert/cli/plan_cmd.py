@@ -7,11 +7,11 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt, RecipeArg, SetOpt, start
+from ._options import Command, JsonOpt, RecipeArg, SetOpt, exit_codes, start
 
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="GPUs to plan for (default: this machine's; 0 = CPU only).",
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", metavar="N", help="GPUs to plan for (default: this machine's; 0 = CPU only).",
                                                  show_default=False)]
-GpuMemOpt = Annotated[Optional[float], typer.Option("--gpu-memory-gib", help="Memory of each GPU in GiB (default: this "
+GpuMemOpt = Annotated[Optional[float], typer.Option("--gpu-memory-gib", metavar="GIB", help="Memory of each GPU in GiB (default: this "
                                                     "machine's smallest GPU).", show_default=False)]
 
 
@@ -62,5 +62,10 @@ def _print(doc: dict) -> None:
     output.print_table("stages", rows)
 
 
+EXIT_CODES = exit_codes(one="an unexpected error (run again with --debug)",
+                        two="a stage does not fit (each named with its need, room and fix), or bad input",
+                        four="not used")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan)
+    app.command("plan", epilog=EXIT_CODES, cls=Command)(plan)

@@ -7,17 +7,19 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import Command, BaselineUrlOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, UrlOpt, exit_codes, recipe_file, start
 
-HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless you mean to expose it).")]
-PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port (serve: default runtime.port; serve-test: a free one).",
+HostOpt = Annotated[str, typer.Option("--host", metavar="ADDRESS", help="Address to bind (loopback unless you mean to expose it).")]
+PortOpt = Annotated[Optional[int], typer.Option("--port", metavar="PORT", help="Port to listen on (default: runtime.port).",
                                                  show_default=False)]
+TestPortOpt = Annotated[Optional[int], typer.Option(
+    "--port", metavar="PORT", help="Port of the server serve-test starts (default: a free one).", show_default=False)]
 ThreadsOpt = Annotated[Optional[str], typer.Option(
-    "--threads", help="CPU threads for torch: `auto` (the CPUs this process may use: affinity and cgroup quota) or "
+    "--threads", metavar="auto|N", help="CPU threads for torch: `auto` (the CPUs this process may use: affinity and cgroup quota) or "
     "an integer; inter-op threads 1. Default: runtime.threads. Use 1 on a shared, loaded machine.",
     show_default=False)]
 DrafterOpt = Annotated[str, typer.Option(
-    "--drafter", help="`eagle`: the bundle's head. `oracle`: the target's own greedy continuation as the draft "
+    "--drafter", metavar="eagle|oracle", help="`eagle`: the bundle's head. `oracle`: the target's own greedy continuation as the draft "
     "(a plumbing check: maximum acceptance). Reference server only.")]
 
 
@@ -26,13 +28,13 @@ def serve(
     set_: SetOpt = None,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = None,
-    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Served model id (default: the recipe name); "
+    model_name: Annotated[Optional[str], typer.Option("--model-name", metavar="NAME", help="Served model id (default: the recipe name); "
                                                       "`<id>-baseline` serves the target without speculation.",
                                                       show_default=False)] = None,
     drafter: DrafterOpt = "eagle",
     threads: ThreadsOpt = None,
     draft_len: Annotated[Optional[int], typer.Option(
-        "--draft-len", min=1, max=16, help="Serve a fixed chain of N drafted tokens instead of the bundle's setting "
+        "--draft-len", min=1, max=16, metavar="N", help="Serve a fixed chain of N drafted tokens instead of the bundle's setting "
         "(tuned or the recipe's); bench starts such servers for its `fixed-kN` arms.", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -94,20 +96,16 @@ def apply_threads(setting: int | str) -> dict:
 def serve_test(
     recipe: RecipeArg,
     set_: SetOpt = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="Test an already running endpoint instead of starting one.",
-                                               show_default=False)] = None,
-    baseline_url: Annotated[Optional[str], typer.Option("--baseline-url", help="The same target served without "
-                                                        "speculation (with --url, when the endpoint has no "
-                                                        "`<model>-baseline`).", show_default=False)] = None,
-    port: PortOpt = None,
+    url: UrlOpt = None,
+    baseline_url: BaselineUrlOpt = None,
+    port: TestPortOpt = None,
     drafter: DrafterOpt = "eagle",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Start the recipe's server, compare speculative with baseline output, check acceptance; stop every child.
 
-    Writes <workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl}. Exit 0 pass, 1 a check failed,
-    2 bad recipe, 3 environment missing, 4 the server did not start.
+    Writes <workdir>/serve-test/{report.json, junit.xml, transcripts.jsonl}.
     """
     from .. import output
     from ..errors import CheckFailed, ExternalFailure
@@ -115,7 +113,7 @@ def serve_test(
 
     loaded = start(recipe, set_, json_out, quiet)
     # Ctrl-C: every server started is stopped on the way out, and main() prints the one line.
-    result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    result = stage.run(loaded, recipe_file(recipe), set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
     report = result.report
     if json_out:
         output.emit_json("serve-test", report)
@@ -163,6 +161,13 @@ def _print_summary(report: dict) -> None:
                   f"per position {s['per_position_acceptance']}, report {report['files']['report.json']}")
 
 
+EXIT_CODES = exit_codes(one="a check failed: output differs from the baseline, acceptance below "
+                        "serve_test.min_acceptance_length, the oracle disagrees", four="the server did not start or died")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
-    app.command("serve-test")(serve_test)
+    app.command("serve-test", epilog=EXIT_CODES, cls=Command)(serve_test)
+
+
+def register_serve(app: typer.Typer) -> None:
+    app.command("serve", cls=Command)(serve)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, exit_codes, recipe_file, start
 
 
 def tune(
@@ -22,7 +20,7 @@ def tune(
     from .serve_cmd import apply_threads
 
     apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
-    result = tune_stage.run(loaded, force=force, recipe_path=Path(recipe))
+    result = tune_stage.run(loaded, force=force, recipe_path=recipe_file(recipe))
     manifest = result.manifest
     if json_out:
         output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})
@@ -38,5 +36,8 @@ def tune(
     output.print_table("specconvert tune", rows)
 
 
+EXIT_CODES = exit_codes(one="a check failed", four="a server tune started failed (vLLM)")
+
+
 def register(app) -> None:
-    app.command("tune")(tune)
+    app.command("tune", epilog=EXIT_CODES, cls=Command)(tune)

@@ -49,18 +49,22 @@ def resolve_model(spec: str, key: str, base_dir: Path, revision: str | None = No
         return _resolve_gguf(spec, key)
     path = Path(spec).expanduser()
     if not path.is_absolute():
-        path = (base_dir / path).resolve()
+        path = Path(os.path.normpath(base_dir / path)).resolve()  # `..` lexically: see Recipe.resolve_path
     if path.exists():
         if not path.is_dir():
             raise InputError(f"{key}: '{spec}' is a file, not a checkpoint folder", fix="point it at the folder holding config.json")
         if need_config and not (path / "config.json").is_file():
             raise InputError(f"{key}: '{path}' has no config.json", fix="point it at a Hugging Face checkpoint folder")
         return ResolvedModel(spec, "local", path)
-    looks_local = spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not _HUB_ID.match(spec)
+    # owner/name is a hub id, unless `owner` is a local folder: then it is a typo in a path, not a download
+    owner = spec.split("/", 1)[0]
+    looks_local = (spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not _HUB_ID.match(spec)
+                   or Path(os.path.normpath(base_dir / owner)).is_dir())
     if looks_local:
         raise InputError(
-            f"{key}: path '{path}' does not exist",
-            fix="check the path (relative paths are relative to the recipe file), or give a hub id such as owner/name",
+            f"{key}: no such folder '{path}'",
+            fix="check the path (in the recipe, relative to the recipe file; in --set, to the current directory), "
+            "or give a hub id such as owner/name",
         )
     return _resolve_hub(spec, key, revision)
 

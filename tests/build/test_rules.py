@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -32,7 +34,9 @@ def test_incompatible_features_are_input_errors(project, cli, setting, message, 
     result = build(cli, project, setting)
     assert result.code == 2, result.err
     assert message in result.err and fix in result.err
-    assert result.out == ""
+    # --json: stdout holds the error document only (issue 35), nothing of a bundle
+    doc = json.loads(result.out)
+    assert doc["kind"] == "error" and doc["exit_code"] == 2 and message in doc["error"]
     assert not project.engine.exists()
 
 

@@ -140,7 +140,7 @@ def test_aux_layers_out_of_range(cli, tmp_path, target):
 
 def test_missing_target_path_and_offline_hub(cli, tmp_path, target, monkeypatch):
     missing = cli("convert", recipe_for(tmp_path, tmp_path / "nope", "  init: random"))
-    assert missing.code == 2 and "does not exist" in missing.stderr
+    assert missing.code == 2 and "no such folder" in missing.stderr
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     hub = cli("convert", recipe_for(tmp_path, "someone/not-cached-model", "  init: random"))
