@@ -219,8 +219,14 @@ def lossless_verdict(recipe: Any, runs: dict[tuple[int, int], Measured]) -> dict
                           f"output differs from plain decoding's on prompt {t['prompt']} at output token {t['position']}, "
                           f"a numerical tie ({t['margin']:g} nats < {spec.tie_margin:g}) that fails in strict mode",
                           fix="set serve_test.lossless.mode: greedy to count numerical ties as equal")
-    return {"mode": spec.mode, "compared": True, "tie_margin": spec.tie_margin, "numerical_ties": len(ties),
-            "ties": ties}
+    compared = sorted({k for (k, _), m in runs.items() if k != 0 and m.identical_to_plain is not None})
+    if not compared:  # asked for, so it cannot pass on nothing
+        raise CheckFailed(f"tune: serve_test.lossless.mode is {spec.mode} but no draft length's output could be "
+                          "compared with plain decoding's (no request gave output on both sides at concurrency 1)",
+                          fix="see the server logs in the tune directory; set serve_test.lossless.mode: off to "
+                              "measure without the lossless check")
+    return {"mode": spec.mode, "compared": True, "compared_draft_lengths": compared, "tie_margin": spec.tie_margin,
+            "numerical_ties": len(ties), "ties": ties}
 
 
 def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[int, int], float]) -> list[str]:
