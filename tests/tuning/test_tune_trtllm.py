@@ -103,16 +103,19 @@ def test_without_tensorrt_llm_tune_exits_3_with_the_install_route_and_writes_not
     assert not fake_trtllm_serve.exists()  # no server was started
 
 
-@pytest.mark.parametrize("version, line, source", [
-    ("1.3.0rc27", "1.3", "measured: trtllm iteration stats"),
-    ("1.4.0rc4", "1.4", "measured: trtllm iteration stats"),
-])
+@pytest.mark.parametrize("version, line, iter_stats, source", [
+    ("1.3.0rc27", "1.3", "1", "measured: trtllm iteration stats"),
+    ("1.4.0rc4", "1.4", "1", "measured: trtllm iteration stats"),
+    # no specDecodingStats and no /perf_metrics route: 1.4's next source is its Prometheus counters
+    ("1.4.0rc4", "1.4", "0", "measured: trtllm prometheus counters"),
+], ids=["1.3", "1.4", "1.4-prometheus"])
 def test_one_trtllm_serve_per_draft_length_and_build_writes_the_schedule(project, cli, fake_trtllm_serve,  # noqa: F811
                                                                          fake_tensorrt_llm, monkeypatch,
-                                                                         version, line, source):
+                                                                         version, line, iter_stats, source):
     root, path = project
     fake_tensorrt_llm(version)
     monkeypatch.setenv("FAKE_TRTLLM_LINE", line)
+    monkeypatch.setenv("FAKE_TRTLLM_ITER_STATS", iter_stats)
     monkeypatch.setenv("FAKE_TRTLLM_STEP_S", "0.01")  # a step costs time, so fewer steps (drafting) pay
     result = _tune(cli, path, "--json")
     assert result.code == 0, result.stderr[-3000:]
