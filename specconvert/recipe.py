@@ -807,9 +807,9 @@ class TuneSpec(_Strict):
         "on EAGLE-3's one-model path a 0 leaves the draft KV cache stale and acceptance collapses when the batch "
         "shrinks again (TensorRT-LLM PR #16888); draft length 1 is the floor instead.",
     )
-    repeats: int = Field(1, ge=1, le=20, description="vLLM: rounds of runs per (draft length, level), interleaved across servers.")
-    startup_timeout_s: float = Field(900, gt=0, description="vLLM: seconds each candidate's server may take to answer `GET /health`.")
-    run_timeout_s: float = Field(1200, gt=0, description="vLLM: seconds one run (all its requests) may take.")
+    repeats: int = Field(1, ge=1, le=20, description="vLLM and TensorRT-LLM: rounds of runs per (draft length, level), interleaved across servers (vLLM).")
+    startup_timeout_s: float = Field(900, gt=0, description="vLLM and trtllm-serve: seconds each candidate's server may take to answer `GET /health`.")
+    run_timeout_s: float = Field(1200, gt=0, description="vLLM and trtllm-serve: seconds one run (all its requests) may take.")
     plots: bool = Field(True, description="Write tune.png (predicted and measured tokens/s per draft length).")
 
     @field_validator("concurrency", mode="before")

@@ -46,6 +46,8 @@ def evaluate(decoder: ReferenceDecoder, encoded: Sequence[Sequence[int]], max_ne
             if on_prompt:
                 on_prompt()
         entry = aggregate(runs)
+        # per prompt: [verification steps, draft tokens accepted]; the quantization gate's paired bootstrap resamples them
+        entry["per_prompt"] = [[len(r.accepted_per_step), int(sum(r.accepted_per_step))] for r in runs]
         entry["identical_to_plain"] = all(a.token_ids == b.token_ids for a, b in zip(runs, plain))
         base = report["baseline_tokens_per_second"]
         entry["speedup_vs_plain"] = round(entry["tokens_per_second"] / base, 3) if base else None

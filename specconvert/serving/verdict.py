@@ -272,13 +272,18 @@ def _acceptance_check(checks: _Checks, run: Any, spec: Any, stats: list[dict[str
 
 
 def _oracle_check(checks: _Checks, verdict: dict[str, Any] | None) -> None:
-    """The oracle's verdict as a check: passed, failed, or skipped with the reason (``passed`` None)."""
+    """The oracle's verdict as a check: passed, failed, or skipped with the reason (``passed`` None: a JUnit
+    skipped testcase with that message). A skip of an oracle asked for (``required``) comes here as a failure."""
     if verdict is None:
         return
+    fix = None
+    if verdict.get("required"):
+        fix = ((f"{verdict['enable']}, or " if verdict.get("enable") else "")
+               + "serve_test.oracle.enabled: auto lets it skip where it cannot run (the skip is then reported)")
+    elif verdict["passed"] is False:
+        fix = "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
     checks.add("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),
-               (verdict.get("tolerance") or {}).get("acceptance_length"), verdict["message"],
-               "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
-               if verdict["passed"] is False else None)
+               (verdict.get("tolerance") or {}).get("acceptance_length"), verdict["message"], fix)
 
 
 def _summary(rows: list[dict[str, Any]], tally: _Tally, n: int, overall: dict[str, Any], tau: float | None,

@@ -483,6 +483,8 @@ def _tuned_off(engine_manifest: dict[str, Any], backend: str) -> str | None:
 
 
 def _oracle_enabled(recipe: Any, url: str | None) -> bool:
+    """Whether the oracle is asked for: ``on`` always (then it runs or fails), ``auto`` where there is an engine whose
+    acceptance it can check (a vLLM bundle, no ``--url``; it may still skip there, saying why)."""
     mode = recipe.serve_test.oracle.enabled
     if mode == "auto":
         return url is None and recipe.runtime.backend == "vllm"
@@ -538,13 +540,22 @@ def _free_gib(device: str) -> float | None:
 def run_oracle(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: str | None) -> dict[str, Any]:
     """The reference decoder on the engine's prompts, head, template and draft setting, after the servers stopped;
     its verdict against the engine's counters of the same requests. Skipped, with the reason and nothing loaded,
-    where it cannot compare like with like or would not fit."""
+    where it cannot compare like with like or would not fit; under ``serve_test.oracle.enabled: on`` such a skip
+    fails (it was asked for), under ``auto`` it is reported as skipped."""
     verdict = _oracle_verdict(recipe, prompts, serve, url)
+    if verdict["passed"] is None and recipe.serve_test.oracle.enabled == "on":
+        verdict = required_but_skipped(verdict)
     if verdict["passed"] is None:
         output.log(f"serve-test: oracle {verdict['message']}")
     else:
         output.check(verdict["passed"], f"oracle: {verdict['message']}")
     return verdict
+
+
+def required_but_skipped(verdict: dict[str, Any]) -> dict[str, Any]:
+    """A skipped oracle verdict as a failure: ``serve_test.oracle.enabled: on`` asked for it to run."""
+    return {**verdict, "passed": False, "required": True,
+            "message": f"asked for (serve_test.oracle.enabled: on) but not run: {verdict['reason']}"}
 
 
 def _engine_dtype(recipe: Any, target_config: dict[str, Any]) -> str:
@@ -604,6 +615,9 @@ def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: 
     spec = recipe.serve_test
     if url is not None:
         return oracle.skipped("--url has no bundle to decode with; run serve-test without --url")
+    if serve.speculation_off:
+        return oracle.skipped(f"the engine drafts nothing at batch 1: {serve.speculation_off}; there is no "
+                              "acceptance to compare")
     if recipe.runtime.backend != "vllm":
         return oracle.skipped(f"the oracle checks vLLM's counters; runtime.backend is {recipe.runtime.backend} "
                               "(the reference server is the reference decoder itself)")
@@ -669,7 +683,7 @@ def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str |
         for phase in phases:
             phase.labels = [(label, model) for label, model in phase.labels if label != BASELINE]
         phases = [phase for phase in phases if phase.labels]
-    oracle_on = _oracle_enabled(recipe, url) and speculation_off is None
+    oracle_on = _oracle_enabled(recipe, url)  # a bundle tune turned off is a skip, said (and under `on`, failed)
     final = serve_test_dir(recipe)
     inputs = {"recipe": recipe.section("serve_test", "build", "runtime"), "plan": info, "drafter": drafter,
               "prompts": [p.as_dict() for p in prompts]}

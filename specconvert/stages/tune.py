@@ -15,7 +15,9 @@ of the same runs decides, and the predicted vs measured table goes into the repo
 
 The reference runtime serves one request at a time: a step advances one request at any
 concurrency, so its measured cost at concurrency 1 stands for every level (said in the
-report). Engines that batch (vLLM) are measured per level by their own runner.
+report). Engines that batch (vLLM, TensorRT-LLM) are measured per level by their own runner;
+TensorRT-LLM's (``tuning.trtllm``) needs the package and trtllm-serve installed, and without
+them tune stops (exit 3) before anything is measured or written.
 """
 
 from __future__ import annotations
@@ -75,6 +77,32 @@ def _reference_runs(recipe: Any, convert: dict[str, Any], lengths: list[int]) ->
     with output.progress() as bar:
         task = bar.add_task("tune: decoding", total=len(encoded) * len(lengths))
         return measure_reference(decoder, encoded, lengths, tune.max_tokens, on_run=lambda: bar.advance(task))
+
+
+def _trtllm_runs(recipe: Any, convert: dict[str, Any], installed: Any, lengths: list[int], lvls: list[int],
+                 scratch: Path) -> tuple[dict[tuple[int, int], Measured], list[dict[str, Any]]]:
+    """One trtllm-serve per candidate length, one after another (``tuning.trtllm``)."""
+    from ..tuning import trtllm
+
+    tune = recipe.tune
+    samples = _samples(recipe)
+    count = max(len(samples), 2 * max(lvls))  # every level keeps its requests in flight for a while
+    # a run takes at most a prefill and max_tokens iterations per request: the stats buffer keeps them all
+    options = trtllm.write_candidates(recipe, convert, installed.version, lengths, scratch / "trtllm-options",
+                                      iterations=count * (tune.max_tokens + 1))
+    payloads = []
+    for i in range(count):
+        sample = samples[i % len(samples)]
+        body = {k: sample[k] for k in ("messages", "prompt") if k in sample} or {"prompt": sample.get("text", "")}
+        payloads.append({**body, "max_tokens": tune.max_tokens, "temperature": 0.0, "stream": True})
+    output.log(f"tune: trtllm-serve ({installed.version}) for draft lengths {lengths}, one server at a time; "
+               f"{count} requests x {tune.max_tokens} tokens at concurrency {lvls}")
+    with output.progress() as bar:
+        task = bar.add_task("tune: trtllm-serve runs", total=len(lengths) * len(lvls) * tune.repeats)
+        return trtllm.measure_trtllm(installed, convert["artifacts"]["target_dir"], recipe.build, options, payloads,
+                                     lvls, scratch, tune.startup_timeout_s, tune.run_timeout_s, repeats=tune.repeats,
+                                     on_run=lambda: bar.advance(task),
+                                     compare=recipe.serve_test.lossless.mode != "off")
 
 
 def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths: list[int], lvls: list[int],
@@ -142,7 +170,8 @@ def decide(runs: dict[tuple[int, int], Measured], acceptance: list[float], margi
     step_s = {}
     for b in sorted({b for _, b in runs}):
         plain, full = runs.get((0, b)), runs.get((top, b))
-        if plain and full and plain.steps and full.steps and top > 0:
+        # no prediction without per-position acceptance of the longest chain (TensorRT-LLM serves none)
+        if plain and full and plain.steps and full.steps and top > 0 and len(acceptance) >= top:
             costs = M.interpolate_step_costs(plain.step_s, full.step_s, top)
             step_s.update({(k, b): costs[k] for k in lengths})
     predicted = {(p.draft_len, p.concurrency): p for p in M.predict(acceptance, step_s, requests_per_step)}
@@ -171,10 +200,11 @@ def engine_forms_preview(recipe: Any, decision: forms.Decision) -> dict[str, Any
     return forms.engine_forms(decision, target.version, recipe.build.max_batch_size, recipe.tune.trtllm_allow_zero)
 
 
-def fingerprint_inputs(recipe: Any, convert: dict[str, Any]) -> dict[str, Any]:
+def fingerprint_inputs(recipe: Any, convert: dict[str, Any], engine_version: str | None = None) -> dict[str, Any]:
     """What the measurement depends on: the recipe minus the keys that change no measurement (where servers
     listen, which TensorRT-LLM build writes for, the margin and floor build applies, plots), the prompts by
-    content (not path), and the convert it ran on."""
+    content (not path), the convert it ran on, and the engine release it ran on where that is known
+    (``engine_version``: the installed TensorRT-LLM)."""
     sections = recipe.section("tune", "build", "runtime")
     for section, keys in (("runtime", ("host", "port", "trtllm_version")),
                           ("tune", ("margin", "trtllm_allow_zero", "plots", "prompts"))):
@@ -182,8 +212,11 @@ def fingerprint_inputs(recipe: Any, convert: dict[str, Any]) -> dict[str, Any]:
             sections[section].pop(key, None)
     lossless = recipe.serve_test.lossless  # decides whether tune passes and what it reports
     sections["lossless"] = {"mode": lossless.mode, "tie_margin": lossless.tie_margin}
-    return {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
-            "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
+    inputs = {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
+              "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
+    if engine_version is not None:
+        inputs["engine_version"] = engine_version
+    return inputs
 
 
 def _length(k: int) -> str:
@@ -227,8 +260,14 @@ def lossless_verdict(recipe: Any, runs: dict[tuple[int, int], Measured]) -> dict
                           f"output differs from plain decoding's on prompt {t['prompt']} at output token {t['position']}, "
                           f"a numerical tie ({t['margin']:g} nats < {spec.tie_margin:g}) that fails in strict mode",
                           fix="set serve_test.lossless.mode: greedy to count numerical ties as equal")
-    return {"mode": spec.mode, "compared": True, "tie_margin": spec.tie_margin, "numerical_ties": len(ties),
-            "ties": ties}
+    compared = sorted({k for (k, _), m in runs.items() if k != 0 and m.identical_to_plain is not None})
+    if not compared:  # asked for, so it cannot pass on nothing
+        raise CheckFailed(f"tune: serve_test.lossless.mode is {spec.mode} but no draft length's output could be "
+                          "compared with plain decoding's (no request gave output on both sides at concurrency 1)",
+                          fix="see the server logs in the tune directory; set serve_test.lossless.mode: off to "
+                              "measure without the lossless check")
+    return {"mode": spec.mode, "compared": True, "compared_draft_lengths": compared, "tie_margin": spec.tie_margin,
+            "numerical_ties": len(ties), "ties": ties}
 
 
 def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[int, int], float]) -> list[str]:
@@ -259,15 +298,19 @@ def run(recipe: Any, force: bool = False, recipe_path: Path | None = None) -> Tu
 def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     convert = read_convert(recipe)
     backend = recipe.runtime.backend
-    if backend not in ("reference", "vllm"):
-        raise InputError(f"runtime.backend: tune measures on the reference decoder or vLLM, not {backend!r} "
-                         "(TensorRT-LLM cannot run here)",
-                         fix="run `specconvert tune RECIPE --set runtime.backend=reference` (or vllm); the chosen "
-                             "schedule is written for every engine, TensorRT-LLM's included")
+    if backend not in ("reference", "vllm", "trtllm"):
+        raise InputError(f"runtime.backend: tune measures on the reference decoder, vLLM or TensorRT-LLM, not {backend!r}",
+                         fix="run `specconvert tune RECIPE --set runtime.backend=reference` (or vllm, trtllm); the "
+                             "chosen schedule is written for every engine")
+    installed = None
+    if backend == "trtllm":  # exit 3 with the install route before anything is measured or written
+        from ..tuning.trtllm import require_installed
+
+        installed = require_installed()
     lengths = candidate_lengths(recipe)
     lvls = levels(recipe)
     final = tune_dir(recipe)
-    inputs = fingerprint_inputs(recipe, convert)
+    inputs = fingerprint_inputs(recipe, convert, installed.version if installed else None)
     if not force:
         existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
         if existing is not None:
@@ -279,7 +322,14 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
     servers: list[dict[str, Any]] = []
     placement = None
     with stage_dir(final, STAGE, inputs) as stage:
-        if backend == "vllm":
+        if backend == "trtllm":
+            runs, servers = _trtllm_runs(recipe, convert, installed, lengths, lvls, stage.path)
+            serial = None
+            note = (f"TensorRT-LLM {installed.version} batches: each candidate length has its own trtllm-serve, "
+                    "measured at every level, one server at a time (each takes its KV-cache share of the GPU up "
+                    "front), so drift between candidates is not cancelled. trtllm-serve serves no per-position "
+                    "acceptance: nothing is predicted from it, the measured tokens/s decide")
+        elif backend == "vllm":
             runs, servers, placement = _vllm_runs(recipe, recipe_path or recipe.base_dir / "recipe.yaml", convert,
                                                   lengths, lvls, stage.path)
             serial = None
@@ -293,6 +343,10 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             runs = {(k, b): m for k, m in measured.items() for b in lvls}
             serial = {b: 1 for b in lvls}
             note = "the reference server serves one request at a time: each level's cost is concurrency 1's"
+        for server in servers:  # files written while staging end up in tune/
+            for key in ("log", "options"):
+                if isinstance(server.get(key), str):
+                    server[key] = server[key].replace(str(stage.path), str(final))
         idle = {b: m for (k, b), m in runs.items() if k == DRAFTER_IDLE}
         if any(m.failed_requests for m in runs.values()):
             bad = sum(m.failed_requests for m in runs.values())
@@ -327,6 +381,8 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
             "margin": recipe.tune.margin,
             "lossless": lossless,
             "per_position_acceptance": [round(p, 4) for p in acceptance],
+            "acceptance_sources": {f"{k}@{b}": m.as_dict()["acceptance_source"] for (k, b), m in sorted(runs.items())
+                                   if m.acceptance_sources} or None,
             "measurements": [m.as_dict() for m in runs.values()],
             "table": decision["rows"],
             "choice": {str(b): k for b, k in chosen.choice.items()},
@@ -355,9 +411,13 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
 def render_markdown(report: dict[str, Any]) -> str:
     out = [f"# specconvert tune ({report['runtime']})", "",
            f"Per-position acceptance (chain {max(report['candidates'])}): {report['per_position_acceptance']}", "",
-           f"Note: {report['runtime_note']}", "",
-           "| concurrency | draft length | predicted tok/s | measured tok/s | predicted tokens/step | measured tokens/step | step ms |",
-           "|---|---|---|---|---|---|---|"]
+           f"Note: {report['runtime_note']}", ""]
+    if report.get("acceptance_sources"):
+        out += ["Acceptance source per draft length @ concurrency (the engine's own; `estimated` = stream chunks, "
+                "`unavailable` = nothing served it):", ""]
+        out += [f"- {key}: {source}" for key, source in report["acceptance_sources"].items()] + [""]
+    out += ["| concurrency | draft length | predicted tok/s | measured tok/s | predicted tokens/step | measured tokens/step "
+            "| step ms |", "|---|---|---|---|---|---|---|"]
     for r in report["table"]:
         out.append(f"| {r['concurrency']} | {r['draft_len']} | {r['predicted_tokens_per_second']} | "
                    f"{r['measured_tokens_per_second']} | {r['predicted_tokens_per_step']} | "

@@ -57,6 +57,9 @@ class Measured:
     # differences the plain run's logprobs call a numerical tie: {"prompt", "position", "margin", "tie_margin"}
     ties: list[dict[str, Any]] = field(default_factory=list)
     failed_requests: int = 0
+    # where each run's acceptance came from (an engine's own label: "measured: ...", "estimated: stream chunks",
+    # "unavailable: <why>"); empty where the runner counts steps itself
+    acceptance_sources: list[str] = field(default_factory=list)
 
     @property
     def step_s(self) -> float:
@@ -78,7 +81,8 @@ class Measured:
                 "tokens_per_second": round(self.tokens_per_second, 3),
                 "acceptance_length": round(self.acceptance_length, 4) if self.acceptance_length else None,
                 "identical_to_plain": self.identical_to_plain, "first_divergence": self.first_divergence,
-                "numerical_ties": self.ties, "failed_requests": self.failed_requests}
+                "numerical_ties": self.ties, "failed_requests": self.failed_requests,
+                "acceptance_source": "; ".join(dict.fromkeys(self.acceptance_sources)) or None}
 
 
 def per_position(m: Measured) -> list[float]:

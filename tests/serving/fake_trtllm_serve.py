@@ -17,6 +17,7 @@ else 1.4. Per line, as upstream serves EAGLE-3 (specconvert/data/trtllm/acceptan
                            (TorchSampler never fills it for EAGLE-3); 1.4: 404 (route removed)
   GET /prometheus/metrics  1.3 / 1.4: trtllm_spec_decode_num_{draft,accepted}_tokens_total counters;
                            1.2 / 1.3-early: request series only
+  stream_options.include_usage  every line: a final chunk with `choices: []` and the request's usage
   X-TRTLLM-return-metrics  1.4 only: timing headers (non-streaming) or an SSE event
                            `trtllm.perf_metrics` after [DONE] (streaming) -- timing, no acceptance
 The simulated speculation: the first token comes from prefill; each later step drafts
@@ -31,6 +32,7 @@ Behaviour by FAKE_TRTLLM_MODE:
   die_mid_run    healthy; the first completion request kills the server (exit 9)
   malformed      healthy; completions answer 200 with a body that is not an OpenAI completion
   lossy          the speculative server changes one token of every output
+FAKE_TRTLLM_STEP_S: seconds each streamed chunk (one engine iteration) takes; default 0.
 Every mode also starts a grandchild `sleep` in the same process group, so tests can
 check that serve-test reaps the whole group. FAKE_TRTLLM_ARGV_LOG: append {pid, argv} (JSON) there.
 """
@@ -201,12 +203,20 @@ def main():
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             k = 0
+            step_s = float(os.environ.get("FAKE_TRTLLM_STEP_S") or 0)
             for size in sizes:
+                if step_s:
+                    time.sleep(step_s)  # one engine iteration per chunk (so fewer steps take less time)
                 piece = text[k:k + size]
                 k += size
                 choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
                 self.wfile.write(f"data: {json.dumps({'model': model_name, 'choices': [choice]})}\n\n".encode())
                 self.wfile.flush()
+            if (body.get("stream_options") or {}).get("include_usage"):
+                # as trtllm-serve does (tensorrt_llm/serve/postprocess_handlers.py, *_stream_post_processor): one
+                # final chunk with no choices and the whole request's usage
+                usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+                self.wfile.write(f"data: {json.dumps({'model': model_name, 'choices': [], 'usage': usage})}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             if want_metrics:
                 self.wfile.write(f"event: trtllm.perf_metrics\ndata: {json.dumps(timing)}\n\n".encode())

@@ -87,12 +87,13 @@ def test_the_token_budget_limits_the_prompts_and_the_engine_side_alike(project, 
     assert oracle["engine"]["requests"] == 1 and oracle["footprint"]["tokens"] == 10
 
 
-def test_the_oracle_turned_on_without_an_engine_to_check_is_skipped_with_the_reason(project, cli, endpoint):
-    """`oracle.enabled: on` with --url: no bundle to decode with. It crashed on the missing counters before."""
+def test_the_oracle_turned_on_without_an_engine_to_check_fails_with_the_reason(project, cli, endpoint):
+    """`oracle.enabled: on` with --url: no bundle to decode with. It crashed on the missing counters before, then
+    passed as a skip; asked for, it must run or fail (issue 34 item 7)."""
     result = cli("serve-test", project.recipe_path, "--url", endpoint, "--set", "serve_test.oracle.enabled=on", "--json")
     oracle = result.json()["oracle"]
-    assert oracle["status"] == "skipped" and "--url" in oracle["reason"]
-    assert result.code == 0, result.stderr[-2000:]
+    assert oracle["status"] == "skipped" and "--url" in oracle["reason"] and oracle["passed"] is False
+    assert result.code == 1, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("vllm_dtype, config_dtype, expected", [

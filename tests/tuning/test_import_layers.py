@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specconvert"
 OWN = ["stages/build.py", "stages/tune.py", "stages/outputs.py", "tuning/model.py", "tuning/measure.py",
-       "tuning/forms.py", "draft_schedule.py", "backends/trtllm/schedule.py", "backends/vllm/schedule.py",
+       "tuning/forms.py", "tuning/trtllm.py", "draft_schedule.py", "backends/trtllm/schedule.py", "backends/vllm/schedule.py",
        "backends/sglang/schedule.py"]
 
 

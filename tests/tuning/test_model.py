@@ -81,3 +81,23 @@ def test_a_tie_ends_only_its_own_prompts_comparison():
     assert two.identical_to_plain is False and two.first_divergence is None and len(two.ties) == 1
     compare_to_plain(runs, outputs, 1)  # nothing diagnosed: the first difference is the divergence
     assert runs[(1, 1)].first_divergence == {"prompt": 0, "position": 1, "diagnosis": None} and not runs[(1, 1)].ties
+
+
+@pytest.mark.parametrize("mode", ["greedy", "strict"])
+def test_lossless_asked_for_but_nothing_compared_fails(mode):
+    """tune's lossless check cannot pass on nothing: no candidate compared with plain decoding is a failure (exit 1),
+    not `compared: true`."""
+    from specconvert.errors import CheckFailed
+    from specconvert.recipe import validate_recipe
+    from specconvert.stages.tune import lossless_verdict
+    from specconvert.tuning.measure import Measured
+
+    recipe = validate_recipe({"name": "t", "target": {"model": "t"}, "draft": {"model": "d"},
+                              "serve_test": {"lossless": {"mode": mode}}})
+    runs = {(0, 1): Measured(0, 1), (1, 1): Measured(1, 1, identical_to_plain=None),
+            (2, 1): Measured(2, 1, identical_to_plain=None)}
+    with pytest.raises(CheckFailed, match="no draft length's output could be compared"):
+        lossless_verdict(recipe, runs)
+    runs[(2, 1)].identical_to_plain = True
+    verdict = lossless_verdict(recipe, runs)
+    assert verdict["compared"] is True and verdict["compared_draft_lengths"] == [2]

@@ -67,9 +67,13 @@ def test_rerun_is_skipped(tiny_recipe, capsys):
     assert json.loads(capsys.readouterr().out)["skipped"] is True
 
 
-def test_tune_refuses_an_engine_it_cannot_measure(tiny_recipe):
+def test_tune_on_trtllm_without_tensorrt_llm_is_an_environment_missing(tiny_recipe, monkeypatch):
+    """exit 3 (the install route: tests/tuning/test_tune_trtllm.py), no longer exit 2 "cannot run here"."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     _, path = tiny_recipe
-    assert _cli("tune", path, "--set", "runtime.backend=trtllm") == 2
+    assert _cli("tune", path, "--set", "runtime.backend=trtllm") == 3
 
 
 @pytest.mark.parametrize("ram_gib", [64.0, 1.0])
