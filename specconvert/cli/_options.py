@@ -16,6 +16,8 @@ SetOpt = Annotated[
 ForceOpt = Annotated[bool, typer.Option("--force", help="Redo the stage even when its inputs are unchanged.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or log lines on stderr.")]
+VerifyOpt = Annotated[bool, typer.Option(
+    "--verify", help="Hash every file convert sealed (convert/target, convert/draft), not only compare sizes and mtimes.")]
 
 
 def start(recipe: Path, overrides: list[str] | None, json_out: bool = False, quiet: bool = False):

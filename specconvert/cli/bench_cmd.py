@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt, QuietOpt, SetOpt
+from ._options import JsonOpt, QuietOpt, SetOpt, VerifyOpt
 
 UrlOpt = Annotated[Optional[str], typer.Option(
     "--url", help="Bench an already running OpenAI-compatible endpoint (trtllm-serve, vLLM, SGLang, specconvert serve) "
@@ -33,6 +33,7 @@ def bench(
     trtllm_bench: TrtllmBenchOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and acceptance, baseline and speculative interleaved -> <workdir>/bench/."""
     from .. import output
@@ -60,7 +61,7 @@ def bench(
         base_dir, out_dir, name = Path.cwd(), out or Path("runs/bench-url/bench"), None
     result = bench_stage.run(spec, Path(out_dir).resolve(), base_dir, recipe=loaded, recipe_path=recipe,
                              overrides=list(set_ or []), url=url, baseline_url=baseline_url, trtllm_bench=trtllm_bench,
-                             name=name)
+                             name=name, verify=verify)
     report = result.report
     if json_out:
         output.emit_json("bench", {"bench_dir": str(result.bench_dir), "report": report})

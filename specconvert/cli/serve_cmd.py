@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import JsonOpt, QuietOpt, RecipeArg, SetOpt, VerifyOpt, start
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless you mean to expose it).")]
 PortOpt = Annotated[Optional[int], typer.Option("--port", help="Port (serve: default runtime.port; serve-test: a free one).",
@@ -103,6 +103,7 @@ def serve_test(
     drafter: DrafterOpt = "eagle",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Start the recipe's server, compare speculative with baseline output, check acceptance; stop every child.
 
@@ -115,7 +116,8 @@ def serve_test(
 
     loaded = start(recipe, set_, json_out, quiet)
     # Ctrl-C: every server started is stopped on the way out, and main() prints the one line.
-    result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    result = stage.run(loaded, recipe, set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter,
+                       verify=verify)
     report = result.report
     if json_out:
         output.emit_json("serve-test", report)

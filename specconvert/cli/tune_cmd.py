@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, start
+from ._options import ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, VerifyOpt, start
 
 
 def tune(
@@ -13,6 +13,7 @@ def tune(
     force: ForceOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Measure acceptance and step costs per draft length -> <workdir>/tune/; `build` writes the chosen schedules."""
     from .. import output
@@ -22,7 +23,7 @@ def tune(
     from .serve_cmd import apply_threads
 
     apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
-    result = tune_stage.run(loaded, force=force, recipe_path=Path(recipe))
+    result = tune_stage.run(loaded, force=force, recipe_path=Path(recipe), verify=verify)
     manifest = result.manifest
     if json_out:
         output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})
