@@ -6,6 +6,19 @@ swapped into place. A directory without ``manifest.json`` is incomplete and is
 never consumed. A stage whose fingerprint matches the existing manifest is
 skipped unless forced. Only a directory specconvert made is ever replaced, and a
 stage holds the workdir's lock while it runs (``workdir.py``).
+
+Sealed and movable (issue 37, item 11):
+
+- A stage can **seal** folders it wrote (``convert/target``, ``convert/draft``): the manifest's
+  ``sealed`` records each file's size, sha256 and mtime. :func:`check_sealed` is what later stages
+  run: sizes always, a file's hash when its mtime moved (a digest remembered per file version,
+  so a copied workdir is hashed once), every hash with ``full`` (``--verify``). Any difference is
+  bad input (exit 2) naming the file: the folder changed after the stage sealed it.
+- A stage can write its paths **relative to the workdir** (``stage_dir(..., relative_paths=True)``):
+  every string that is a path inside the workdir is stored relative to it and listed under
+  ``relative_paths``; :func:`read_manifest` turns them back into paths under the workdir where
+  the manifest now lies, so a workdir copied or moved (CI artifacts) reads its own files.
+  :func:`manifest_hash` leaves those values out, so the hash does not change with the move.
 """
 
 from __future__ import annotations
@@ -124,13 +137,112 @@ def library_versions() -> dict[str, str | None]:
 
 
 def read_manifest(stage_dir: Path) -> dict[str, Any] | None:
+    """A stage's manifest, its workdir-relative paths made paths under the workdir it lies in now."""
     path = Path(stage_dir) / MANIFEST
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+    if isinstance(manifest, dict) and isinstance(manifest.get(RELATIVE_PATHS), list):
+        workdir = Path(stage_dir).resolve().parent
+        for pointer in manifest[RELATIVE_PATHS]:
+            _set_at(manifest, pointer, lambda rel: str(workdir / rel) if isinstance(rel, str) else rel)
+    return manifest
+
+
+RELATIVE_PATHS = "relative_paths"
+SEALED = "sealed"
+
+
+def _set_at(data: Any, pointer: Any, change: Any) -> None:
+    """Replace the value at ``pointer`` (a list of keys and indices) by ``change(value)``; a stale pointer is ignored."""
+    if not isinstance(pointer, list) or not pointer:
+        return
+    node = data
+    for key in pointer[:-1]:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return
+    try:
+        node[pointer[-1]] = change(node[pointer[-1]])
+    except (KeyError, IndexError, TypeError):
+        return
+
+
+def make_relative(data: Any, workdir: Path) -> tuple[Any, list[list[Any]]]:
+    """``data`` with every string that is a path inside ``workdir`` made relative to it, and where each was."""
+    root = str(Path(workdir))
+    pointers: list[list[Any]] = []
+
+    def walk(node: Any, at: list[Any]) -> Any:
+        if isinstance(node, str) and (node == root or node.startswith(root + os.sep)):
+            pointers.append(at)
+            return Path(node).relative_to(root).as_posix() if node != root else "."
+        if isinstance(node, dict):
+            return {k: walk(v, at + [k]) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, at + [i]) for i, v in enumerate(node)]
+        return node
+
+    return walk(data, []), pointers
+
+
+def seal_tree(root: Path, known: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Size, sha256 and mtime of every file below ``root`` (hidden ones left out, as the fingerprint does).
+
+    ``known`` maps a relative path to a ``{size, sha256}`` already read for the same bytes (the
+    source checkpoint's fingerprint, for a copy of it): used when the size agrees, so sealing a
+    copied target reads nothing again.
+    """
+    sealed: dict[str, dict[str, Any]] = {}
+    root = Path(root)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".") or "/." in rel:
+            continue
+        st = path.stat()
+        given = (known or {}).get(rel) or {}
+        if given.get("size") == st.st_size and isinstance(given.get("sha256"), str):
+            digest = given["sha256"]
+        else:
+            digest = file_fingerprint(path)["sha256"]
+        sealed[rel] = {"size": st.st_size, "sha256": digest, "mtime_ns": st.st_mtime_ns}
+    return sealed
+
+
+def check_sealed(workdir: Path, manifest: dict[str, Any], stage: str, full: bool = False) -> None:
+    """Refuse (exit 2) when a folder ``stage`` sealed changed since: a file missing, resized or with other bytes.
+
+    Sizes are always compared; a file's hash when its mtime moved (or every hash with ``full``).
+    A manifest without ``sealed`` (written before sealing existed, or by hand) is not checked.
+    """
+    problems: list[str] = []
+    for folder, files in (manifest.get(SEALED) or {}).items():
+        root = Path(workdir) / folder
+        for rel, record in (files or {}).items():
+            path = root / rel
+            try:
+                st = path.stat()
+            except OSError:
+                problems.append(f"{folder}: {rel} is missing")
+                continue
+            if st.st_size != record.get("size"):
+                problems.append(f"{folder}: {rel} is {st.st_size} bytes, sealed at {record.get('size')}")
+                continue
+            if not full and st.st_mtime_ns == record.get("mtime_ns"):
+                continue
+            digest = _sha256_file(path, st.st_size) if full else file_fingerprint(path)["sha256"]
+            if digest != record.get("sha256"):
+                problems.append(f"{folder}: {rel} holds other bytes than when sealed (sha256 {digest[:12]}…, "
+                                f"sealed {str(record.get('sha256'))[:12]}…)")
+    if problems:
+        folders = sorted({p.split(":", 1)[0] for p in problems})
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(f"{', '.join(folders)} changed after {stage} sealed it: {problems[0].split(': ', 1)[1]}{more}",
+                         fix=f"rerun {stage} (`specconvert {stage} RECIPE`) to make it again", problems=problems)
 
 
 def require_manifest(stage_dir: Path, stage: str, produced_by: str) -> dict[str, Any]:
@@ -145,7 +257,13 @@ def require_manifest(stage_dir: Path, stage: str, produced_by: str) -> dict[str,
 
 
 def manifest_hash(manifest: dict[str, Any]) -> str:
-    return canonical_hash({k: v for k, v in manifest.items() if k not in ("timings", "created_at")})
+    """The manifest's identity: timings and where the workdir lies (its relative paths' values) left out."""
+    data = {k: v for k, v in manifest.items() if k not in ("timings", "created_at")}
+    if isinstance(data.get(RELATIVE_PATHS), list):
+        data = json.loads(json.dumps(data, default=str))
+        for pointer in data[RELATIVE_PATHS]:
+            _set_at(data, pointer, lambda _: "<in the workdir>")
+    return canonical_hash(data)
 
 
 @dataclass
@@ -206,11 +324,12 @@ def rewrite_paths(data: Any, old: Path, new: Path) -> Any:
     return data
 
 
-def require_current_engine(workdir: Path) -> dict[str, Any]:
+def require_current_engine(workdir: Path, verify: bool = False) -> dict[str, Any]:
     """The engine manifest, refused (exit 2) when ``convert/`` changed after ``engine/`` was built.
 
     The build records ``inputs.convert_manifest``, the hash of the convert manifest it read;
     serving a bundle whose draft no longer matches it (e.g. other aux layers) fails silently.
+    The folders convert sealed are checked too (every hash with ``verify``).
     """
     workdir = Path(workdir)
     engine = require_manifest(workdir / "engine", "build", "build")
@@ -220,17 +339,20 @@ def require_current_engine(workdir: Path) -> dict[str, Any]:
     if convert is not None and built_from is not None and built_from != manifest_hash(convert):
         raise InputError(f"{workdir / 'engine'} was built from an older convert (convert/ changed since)",
                          fix="run `specconvert build RECIPE`")
+    if convert is not None:
+        check_sealed(workdir, convert, "convert", full=verify)
     return engine
 
 
 @contextmanager
-def stage_dir(final_dir: Path, stage: str, inputs: dict[str, Any]) -> Iterator[StageRun]:
+def stage_dir(final_dir: Path, stage: str, inputs: dict[str, Any], relative_paths: bool = False) -> Iterator[StageRun]:
     """Stage into a temporary sibling directory; swap it in only when the body succeeds.
 
     Holds the workdir lock throughout. On any exception (SIGTERM included) the staging
     directory is removed and the previous stage directory (if any) is left untouched,
     so nothing half-written is ever visible. A directory specconvert did not make is
-    refused before anything is written.
+    refused before anything is written. With ``relative_paths`` the manifest on disk holds
+    paths inside the workdir relative to it (``run.manifest`` keeps them absolute).
     """
     final_dir = Path(final_dir)
     with workdir_lock(final_dir.parent):
@@ -248,7 +370,12 @@ def stage_dir(final_dir: Path, stage: str, inputs: dict[str, Any]) -> Iterator[S
             # Paths in the manifest point into the staging dir; rewrite them to the final dir.
             manifest = rewrite_paths(json.loads(json.dumps(manifest, default=str)), staging, final_dir)
             run.manifest = manifest
-            write_json_atomic(staging / MANIFEST, manifest)
+            if relative_paths:
+                stored, pointers = make_relative(manifest, final_dir.parent)
+                run.manifest = {**manifest, RELATIVE_PATHS: pointers}  # what read_manifest will return
+                write_json_atomic(staging / MANIFEST, {**stored, RELATIVE_PATHS: pointers})
+            else:
+                write_json_atomic(staging / MANIFEST, manifest)
             _swap_in(staging, final_dir)
         except BaseException:
             if staging.exists():

@@ -1009,7 +1009,27 @@ def validate_recipe(data: dict[str, Any], source: str = "<recipe>", base_dir: Pa
         raise InputError(f"{source}: {first}{more}", problems=problems) from None
     # absolute but not resolved: a shipped recipe's base sits under the `recipes` link (recipe_files.base_dir)
     recipe._base_dir = Path(os.path.abspath(base_dir or Path.cwd()))
+    problem = _unsafe_workdir(recipe.workdir_path.resolve(), recipe._base_dir)
+    if problem:
+        raise InputError(f"{source}: workdir: {recipe.workdir_path} {problem}: stages would write convert/, cache/ "
+                         "and a lock straight into it", fix="give a folder of its own, e.g. workdir: runs/<name>")
     return recipe
+
+
+def _unsafe_workdir(workdir: Path, base_dir: Path) -> str | None:
+    """Why a workdir would spill stage folders over something that is not the run's (None when it is fine).
+
+    The recipe's repository is the nearest folder above the recipe holding ``.git``; without one
+    only the home directory and the filesystem root are refused.
+    """
+    if workdir == Path(workdir.anchor):
+        return "is the filesystem root"
+    if workdir == Path.home().resolve():
+        return "is your home directory"
+    repo = next((d for d in (base_dir, *base_dir.parents) if (d / ".git").exists()), None)
+    if repo is not None and (workdir == repo or workdir in repo.parents):
+        return f"holds the recipe's repository ({repo})"
+    return None
 
 
 def _describe(err: dict[str, Any]) -> str:

@@ -127,3 +127,89 @@ def test_a_large_files_digest_is_read_once_per_version_and_a_broken_memo_is_igno
     os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)
     assert manifest.file_fingerprint(path)["sha256"] == hashlib.sha256(b"y" * (3 << 20)).hexdigest()
     assert len(reads) == 3
+
+
+# ---------------------------------------------------------------- sealed and movable (issue 37, item 11)
+
+
+def _sealed_stage(work):
+    from specconvert.manifest import seal_tree
+
+    final = work / "convert"
+    with stage_dir(final, "convert", {"a": 1}, relative_paths=True) as run:
+        (run.path / "target").mkdir()
+        (run.path / "target" / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+        (run.path / "target" / "config.json").write_text("{}")
+        run.finish(artifacts={"target_dir": str(run.path / "target")}, source="/elsewhere/model",
+                   sealed={"convert/target": seal_tree(run.path / "target")})
+    return final
+
+
+def test_paths_inside_the_workdir_are_stored_relative_and_read_where_the_workdir_now_is(tmp_path):
+    from specconvert.manifest import manifest_hash
+
+    final = _sealed_stage(tmp_path / "a" / "work")
+    on_disk = json.loads((final / MANIFEST).read_text())
+    assert on_disk["artifacts"]["target_dir"] == "convert/target"
+    assert on_disk["source"] == "/elsewhere/model"  # outside the workdir: kept as written
+    assert str(tmp_path) not in (final / MANIFEST).read_text()
+    before = read_manifest(final)
+    assert before["artifacts"]["target_dir"] == str(final / "target")
+    (tmp_path / "b").mkdir()
+    os.rename(tmp_path / "a" / "work", tmp_path / "b" / "moved")
+    after = read_manifest(tmp_path / "b" / "moved" / "convert")
+    assert after["artifacts"]["target_dir"] == str(tmp_path / "b" / "moved" / "convert" / "target")
+    assert manifest_hash(after) == manifest_hash(before)  # build's record of its convert survives the move
+
+
+def _flip_middle_byte(path, keep_mtime=False):
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("damage, cheap, needle", [
+    pytest.param(lambda p: _flip_middle_byte(p), True, "model.safetensors holds other bytes than when sealed", id="flipped-byte"),
+    pytest.param(lambda p: _flip_middle_byte(p, keep_mtime=True), False, "model.safetensors holds other bytes",
+                 id="flipped-byte-mtime-restored"),
+    pytest.param(lambda p: p.write_bytes(p.read_bytes()[:100]), True, "model.safetensors is 100 bytes, sealed at 16384",
+                 id="truncated"),
+    pytest.param(lambda p: p.unlink(), True, "model.safetensors is missing", id="deleted"),
+])
+def test_a_sealed_file_changed_afterwards_is_bad_input(tmp_path, damage, cheap, needle):
+    """Sizes always, a hash when the mtime moved; a change that keeps size and mtime needs --verify (full)."""
+    from specconvert.errors import InputError
+    from specconvert.manifest import check_sealed
+
+    work = tmp_path / "work"
+    final = _sealed_stage(work)
+    manifest = read_manifest(final)
+    check_sealed(work, manifest, "convert")
+    check_sealed(work, manifest, "convert", full=True)
+    damage(final / "target" / "model.safetensors")
+    for full in (False, True):
+        if not full and not cheap:
+            check_sealed(work, manifest, "convert")  # what a cheap check cannot see
+            continue
+        with pytest.raises(InputError) as exc:
+            check_sealed(work, manifest, "convert", full=full)
+        assert exc.value.exit_code == 2
+        assert exc.value.message.startswith("convert/target changed after convert sealed it: ") and needle in exc.value.message
+        assert "rerun convert" in exc.value.fix
+
+
+def test_a_copied_workdir_with_new_mtimes_is_hashed_and_accepted(tmp_path):
+    """`cp -r` (and CI artifact transfer) gives every file a new mtime: the hashes decide, not the mtimes."""
+    import shutil
+
+    from specconvert.manifest import check_sealed
+
+    final = _sealed_stage(tmp_path / "work")
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "work", copy, copy_function=shutil.copy)  # copy, not copy2: new mtimes
+    os.utime(copy / "convert" / "target" / "model.safetensors", ns=(1, 1))
+    check_sealed(copy, read_manifest(copy / "convert"), "convert")
+    assert read_manifest(final)["sealed"]["convert/target"]["model.safetensors"]["size"] == 16384

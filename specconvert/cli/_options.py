@@ -64,6 +64,8 @@ BaselineUrlOpt = Annotated[Optional[str], typer.Option(
 # Exit codes (README "Errors and exit codes"): one table, each command naming what 1 and 4 mean for it.
 _EXIT_CODES = ("0 ok", "1 {one}", "2 {two}", "3 environment missing: GPU, package, engine", "4 {four}")
 _BAD_INPUT = "bad input: recipe, paths, checkpoints (one line names the key and the fix)"
+VerifyOpt = Annotated[bool, typer.Option(
+    "--verify", help="Hash every file convert sealed (convert/target, convert/draft), not only compare sizes and mtimes.")]
 
 
 def exit_codes(one: str, four: str = "an external process failed", two: str = _BAD_INPUT) -> str:

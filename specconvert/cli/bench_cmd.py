@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import Command, BaselineUrlOpt, JsonOpt, QuietOpt, SetOpt, UrlOpt, exit_codes
+from ._options import Command, BaselineUrlOpt, JsonOpt, QuietOpt, SetOpt, UrlOpt, VerifyOpt, exit_codes
 
 OutOpt = Annotated[Optional[Path], typer.Option(
     "--out", metavar="DIR", help="Where to write the bench directory (default: <workdir>/bench; runs/bench-url/bench "
@@ -76,6 +76,7 @@ def bench(
     trtllm_bench: TrtllmBenchOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and acceptance, baseline and speculative interleaved -> <workdir>/bench/."""
     from .. import output
@@ -105,7 +106,7 @@ def bench(
     recipe_path = recipe_file(recipe) if recipe is not None else None
     result = bench_stage.run(spec, Path(out_dir).resolve(), base_dir, recipe=loaded, recipe_path=recipe_path,
                              overrides=list(set_ or []), url=url, baseline_url=baseline_url, trtllm_bench=trtllm_bench,
-                             name=name)
+                             name=name, verify=verify)
     report = result.report
     if json_out:
         output.emit_json("bench", {"bench_dir": str(result.bench_dir), "report": report})

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, exit_codes, start
+from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, VerifyOpt, exit_codes, start
 
 NoLoadOpt = Annotated[
     bool, typer.Option("--no-load", help="Write the bundle without loading and warming it in the backend.")
@@ -21,13 +21,14 @@ def build(
     no_load: NoLoadOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Write <workdir>/engine/: TensorRT-LLM options + launch scripts (also vLLM, SGLang, reference), then load and warm it."""
     from .. import output
     from ..stages import build as build_stage
 
     loaded = start(recipe, set_, json_out, quiet)
-    result = build_stage.run(loaded, force=force, load=not no_load)
+    result = build_stage.run(loaded, force=force, load=not no_load, verify=verify)
     manifest = result.manifest
     if json_out:
         output.emit_json("build", {"skipped": result.skipped, "engine_dir": str(build_stage.engine_dir(loaded)), "manifest": manifest})

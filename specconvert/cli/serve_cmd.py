@@ -7,7 +7,8 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from ._options import Command, BaselineUrlOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, UrlOpt, exit_codes, recipe_file, start
+from ._options import (Command, BaselineUrlOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, UrlOpt, VerifyOpt, exit_codes,
+                       recipe_file, start)
 
 HostOpt = Annotated[str, typer.Option("--host", metavar="ADDRESS", help="Address to bind (loopback unless you mean to expose it).")]
 PortOpt = Annotated[Optional[int], typer.Option("--port", metavar="PORT", help="Port to listen on (default: runtime.port).",
@@ -102,6 +103,7 @@ def serve_test(
     drafter: DrafterOpt = "eagle",
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Start the recipe's server, compare speculative with baseline output, check acceptance; stop every child.
 
@@ -113,7 +115,8 @@ def serve_test(
 
     loaded = start(recipe, set_, json_out, quiet)
     # Ctrl-C: every server started is stopped on the way out, and main() prints the one line.
-    result = stage.run(loaded, recipe_file(recipe), set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter)
+    result = stage.run(loaded, recipe_file(recipe), set_ or [], url=url, baseline_url=baseline_url, port=port, drafter=drafter,
+                       verify=verify)
     report = result.report
     if json_out:
         output.emit_json("serve-test", report)

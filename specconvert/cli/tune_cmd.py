@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, exit_codes, recipe_file, start
+from ._options import Command, ForceOpt, JsonOpt, QuietOpt, RecipeArg, SetOpt, VerifyOpt, exit_codes, recipe_file, start
 
 
 def tune(
@@ -11,6 +11,7 @@ def tune(
     force: ForceOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Measure acceptance and step costs per draft length -> <workdir>/tune/; `build` writes the chosen schedules."""
     from .. import output
@@ -20,7 +21,7 @@ def tune(
     from .serve_cmd import apply_threads
 
     apply_threads(loaded.runtime.threads)  # torch's per-core default crawls on a loaded shared CPU
-    result = tune_stage.run(loaded, force=force, recipe_path=recipe_file(recipe))
+    result = tune_stage.run(loaded, force=force, recipe_path=recipe_file(recipe), verify=verify)
     manifest = result.manifest
     if json_out:
         output.emit_json("tune", {"skipped": result.skipped, "tune_dir": str(tune_stage.tune_dir(loaded)), "manifest": manifest})

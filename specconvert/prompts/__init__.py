@@ -85,7 +85,8 @@ def load_samples(spec: str, key: str, base_dir: Path) -> list[dict[str, Any]]:
         raise InputError(f"{key}: {path} is not UTF-8 text (byte {exc.start})", fix="save the file as UTF-8") from None
     if path.suffix == ".jsonl":
         samples = []
-        for number, line in enumerate(text.splitlines(), 1):
+        # "\n" only: str.splitlines() also splits on U+2028/U+2029/U+0085, which JSON strings hold raw
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:

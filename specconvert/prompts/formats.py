@@ -28,6 +28,12 @@ SHAREGPT_ROLES = {
 }
 
 
+# Roles a chat template can be given: OpenAI's (developer, tool, function among them) and Llama 3's
+# ipython. Anything else ("wizard") is a typo or another schema, refused rather than passed on to a
+# template that would drop or mangle the turn.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+
+
 class RowError(ValueError):
     """Why a row is not a sample, and the fix (the caller adds the file and line)."""
 
@@ -81,6 +87,9 @@ def read_messages(value: Any) -> dict[str, Any]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise RowError(f"{where} needs a string 'role'", fix=fix)
+        if role not in CHAT_ROLES:
+            raise RowError(f"{where} has role {role!r}, not {', '.join(CHAT_ROLES[:-1])} or {CHAT_ROLES[-1]}",
+                           fix="use one of these roles, or remove the line")
         out.append({"role": role, "content": _content(message.get("content"), where, fix)})
     return {"messages": _checked_turns(out, "messages", fix)}
 

@@ -34,6 +34,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from ..errors import InputError
 from .engine import Delta, EngineRequest, ReferenceEngine
@@ -132,6 +133,11 @@ async def _parse(server: _Server, request: Request, model: type[BaseRequest]) ->
         raw = json.loads(await _read_body(request, server.max_body_bytes))
     except _BodyTooLarge:
         return error(413, f"request body is larger than {server.max_body_bytes} bytes")
+    except ClientDisconnect:
+        # Nobody is left to answer. Raised on, it cost two tracebacks (our handler's and uvicorn's).
+        log.warning("client %s disconnected before its request body to %s was complete",
+                 request.client.host if request.client else "?", request.url.path)
+        return error(400, "client disconnected before the request body was complete")
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return error(400, "request body is not valid JSON")
     if not isinstance(raw, dict):

@@ -5,19 +5,38 @@ one group that a terminal's Ctrl-C does not reach), logs its output to a file,
 waits for ``GET /health`` while watching that the process is still alive, and on
 exit — normal, exception, timeout or KeyboardInterrupt — sends SIGTERM to the group,
 then SIGKILL after a grace period, until no process of the group is left.
+
+Two guards cover what a ``finally`` cannot, a SIGKILLed parent (issue 37, item 13):
+
+- **The server dies with its parent.** On Linux the child asks the kernel, between fork and
+  exec, for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``). Caveat: the kernel's
+  "parent" is the *thread* that forked, so a server started from a worker thread would be
+  stopped when that thread ends; only servers started from the main thread (all of ours) get
+  the signal, the others rely on the record below. SIGTERM, not SIGKILL, so the server stops
+  its own children (vLLM's engine processes) on the way out.
+- **A rerun stops an orphan.** Each running server is recorded beside its log
+  (``<log>.server.json``: pid, the process's start time from ``/proc/<pid>/stat`` and the boot
+  id). Starting a server with the same log first stops the process that record names, and only
+  when its start time still matches: a pid the kernel has since given to another process is
+  never signalled.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 LOG_TAIL_LINES = 20
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+RECORD_SUFFIX = ".server.json"
 
 
 class ServerStartError(RuntimeError):
@@ -82,6 +101,105 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, ... (None when there is no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of ``/proc/<pid>/stat``); None if it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _live(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def record_path(log_path: Path) -> Path:
+    """Where the server logging to ``log_path`` is recorded while it runs."""
+    log_path = Path(log_path)
+    return log_path.with_name(log_path.name + RECORD_SUFFIX)
+
+
+def write_record(path: Path, pid: int, command: Sequence[str]) -> None:
+    """Record a running server (pid, start time, boot id), atomically, so a later run can find it."""
+    record = {"pid": pid, "start_time": process_start_time(pid), "boot_id": _boot_id(), "command": list(command)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def stop_orphan(path: Path, grace_s: float = 10.0) -> int | None:
+    """Stop the server ``path`` records if it is still that process; return its pid (None: nothing stopped).
+
+    The process is signalled only when its start time and the boot id match the record's, so
+    a recycled pid is left alone. The record is removed either way.
+    """
+    try:
+        record: dict[str, Any] = json.loads(Path(path).read_text())
+        pid, started = int(record["pid"]), record["start_time"]
+    except (OSError, ValueError, KeyError, TypeError):
+        Path(path).unlink(missing_ok=True)
+        return None
+    try:
+        if (pid == os.getpid() or started is None or process_start_time(pid) != started
+                or record.get("boot_id") != _boot_id()):
+            return None
+        fields = _stat_fields(pid)
+        group = fields is not None and fields[2] == str(pid)  # started in its own session: stop its children too
+        kill = (lambda sig: os.killpg(pid, sig)) if group else (lambda sig: os.kill(pid, sig))
+        try:
+            kill(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while _live(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _live(pid) or (group and group_members(pid)):
+                kill(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return pid
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGTERM the child when this process dies (Linux, main thread only).
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, so from a worker thread it would stop the
+    server as soon as that thread ended: there, None (the orphan record is the only guard).
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    option, sig, zero = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0)
+
+    def preexec() -> None:
+        prctl(option, sig, zero, zero, zero)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -109,13 +227,20 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        record = record_path(self.log_path)
+        orphan = stop_orphan(record, self.grace_s)
+        if orphan is not None:
+            from ..output import warn
+
+            warn(f"stopped {self.name} process {orphan}, left running by an earlier run that was killed")
         log = open(self.log_path, "ab", buffering=0)
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True)
+                                         env=self.env, start_new_session=True, preexec_fn=_die_with_parent())
         finally:
             log.close()  # the child holds its own descriptor
         self.pgid = self.proc.pid  # a new session's leader: its pid is the group id
+        write_record(record, self.proc.pid, self.command)
         return self
 
     @property
@@ -178,6 +303,9 @@ class ServerProcess:
         while pgid is not None and group_alive(pgid) and time.monotonic() < deadline:
             _signal_group(pgid, signal.SIGKILL)
             time.sleep(0.05)
+        record = record_path(self.log_path)
+        if pgid is not None and not group_alive(pgid):
+            record.unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> "ServerProcess":

@@ -80,10 +80,12 @@ def _run(
     baseline_url: str | None = None,
     trtllm_bench: bool = False,
     name: str | None = None,
+    verify: bool = False,
 ) -> BenchResult:
     engine_dir = recipe.workdir_path / "engine" if recipe is not None else None
     if recipe is not None and (url is None or trtllm_bench):
-        require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
+        # exit 2 when engine/ predates convert/, or convert's sealed files changed (every hash with --verify)
+        require_current_engine(recipe.workdir_path, verify=verify)
     engine_manifest = None
     bench_script = None
     if trtllm_bench:

@@ -99,15 +99,15 @@ def _yaml(options: dict[str, Any], header: list[str]) -> str:
     return "".join(f"# {line}\n" for line in header) + yaml.safe_dump(options, sort_keys=False)
 
 
-def run(recipe: Any, force: bool = False, load: bool = True) -> BuildResult:
-    """Build (or keep, when unchanged) ``<workdir>/engine/``; return its manifest."""
+def run(recipe: Any, force: bool = False, load: bool = True, verify: bool = False) -> BuildResult:
+    """Build (or keep, when unchanged) ``<workdir>/engine/``; return its manifest. ``verify``: hash every sealed file."""
     # Locked from the read of convert/ on, so a concurrent convert cannot swap it mid-build.
     with workdir_lock(recipe.workdir_path):
-        return _run(recipe, force, load)
+        return _run(recipe, force, load, verify)
 
 
-def _run(recipe: Any, force: bool, load: bool) -> BuildResult:
-    convert = read_convert(recipe)
+def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildResult:
+    convert = read_convert(recipe, verify=verify)
     tuned, tune_decision, tune_note = tuned_forms(recipe, convert)
     decided = plan(recipe, convert, tuned)
     target: versions.TargetVersion = decided["target"]

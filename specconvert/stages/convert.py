@@ -20,7 +20,7 @@ from typing import Any
 from .. import output, threads
 from .._imports import require
 from ..errors import InputError
-from ..manifest import stage_dir, tree_fingerprint, up_to_date
+from ..manifest import check_sealed, seal_tree, stage_dir, tree_fingerprint, up_to_date
 from ..models.copying import copy_tree, source_files
 from ..models.sources import ResolvedModel, resolve_model, save_tokenizer
 from ..recipe import Recipe
@@ -176,7 +176,7 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
 
     if not force:
         existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
-        if existing:
+        if existing and _still_sealed(recipe, existing):
             output.log(f"convert: inputs unchanged, reusing {final} (--force to redo)")
             return existing, True
     if recipe.draft.init == "random":
@@ -188,7 +188,7 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
     check_replaceable(final)  # before training, not after an hour of it
     trained = _train(recipe, p, inputs["target_files"], timings) if recipe.draft.train is not None else None
     head = _draft_tensors(recipe, p, trained)  # dtype decided and casts checked before anything is written
-    with stage_dir(final, STAGE, inputs) as staging:
+    with stage_dir(final, STAGE, inputs, relative_paths=True) as staging:
         # The head first: the quantization check runs it on the fake-quantized target between
         # calibration and export (the export turns the model's weights into real FP8/INT4 in place).
         draft_section, checks = _write_draft(recipe, p, staging.path / "draft", timings, trained, head)
@@ -236,12 +236,27 @@ def _run(recipe: Recipe, force: bool, allow_pickle: bool) -> tuple[dict[str, Any
             checks=checks,
             warnings=p.warnings,
             timings=timings,
+            # What later stages check (manifest.check_sealed). A copied target has the source's bytes, whose
+            # digests the fingerprint already holds: sealing it reads nothing again.
+            sealed={"convert/target": seal_tree(staging.path / "target",
+                                                inputs["target_files"] if target_section["copy"] else None),
+                    "convert/draft": seal_tree(staging.path / "draft")},
             **extra,
         )
         # training ran before the staging directory opened: count it in the stage's total
         manifest["timings"]["total_s"] = round(manifest["timings"]["total_s"] + timings.get("train_s", 0.0), 3)
     return staging.manifest, False
 
+
+
+def _still_sealed(recipe: Recipe, existing: dict[str, Any]) -> bool:
+    """Whether the folders the last convert sealed are as it left them (else convert runs again)."""
+    try:
+        check_sealed(recipe.workdir_path, existing, STAGE)
+    except InputError as exc:
+        output.warn(f"convert: {exc.message}; converting again")
+        return False
+    return True
 
 
 def _loss_plot(trained: Any, staging: Path, final: Path) -> str | None:

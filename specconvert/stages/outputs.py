@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import output
 from ..errors import InputError
-from ..manifest import manifest_hash, read_manifest, require_manifest
+from ..manifest import check_sealed, manifest_hash, read_manifest, require_manifest
 
 
 def engine_dir(recipe: Any) -> Path:
@@ -23,8 +23,9 @@ def tune_dir(recipe: Any) -> Path:
     return recipe.workdir_path / "tune"
 
 
-def read_convert(recipe: Any) -> dict[str, Any]:
-    """The convert manifest, checked for every field build and tune rely on (all problems at once)."""
+def read_convert(recipe: Any, verify: bool = False) -> dict[str, Any]:
+    """The convert manifest, checked for every field build and tune rely on (all problems at once), and
+    the folders convert sealed checked as they are now: sizes and mtimes, every hash with ``verify``."""
     convert_dir = recipe.workdir_path / "convert"
     manifest = require_manifest(convert_dir, "convert", "convert")
     problems = []
@@ -49,6 +50,7 @@ def read_convert(recipe: Any) -> dict[str, Any]:
             fix="rerun `specconvert convert RECIPE --force`",
             problems=problems,
         )
+    check_sealed(recipe.workdir_path, manifest, "convert", full=verify)
     return manifest
 
 

@@ -660,22 +660,24 @@ class ServeTestResult:
 
 
 def run(recipe: Any, recipe_path: Path, overrides: list[str] | None = None, url: str | None = None,
-        baseline_url: str | None = None, port: int | None = None, drafter: str = "eagle") -> ServeTestResult:
+        baseline_url: str | None = None, port: int | None = None, drafter: str = "eagle",
+        verify: bool = False) -> ServeTestResult:
     """Run serve-test and write its outputs; the caller turns ``report['status']`` into an exit code.
 
     The workdir is locked before ``engine/`` is first read, so a build cannot swap the bundle mid-test."""
     with workdir_lock(recipe.workdir_path):
-        return _run(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
+        return _run(recipe, recipe_path, overrides, url, baseline_url, port, drafter, verify)
 
 
 def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str | None, baseline_url: str | None,
-         port: int | None, drafter: str) -> ServeTestResult:
+         port: int | None, drafter: str, verify: bool = False) -> ServeTestResult:
     overrides = list(overrides or [])
     if baseline_url and not url:
         raise InputError("--baseline-url needs --url", fix="pass --url of the speculative endpoint too")
     speculation_off = None
     if url is None:
-        engine = require_current_engine(recipe.workdir_path)  # exit 2 when engine/ predates convert/
+        # exit 2 when engine/ predates convert/, or convert's sealed files changed (every hash with --verify)
+        engine = require_current_engine(recipe.workdir_path, verify=verify)
         speculation_off = _tuned_off(engine, recipe.runtime.backend)
     prompts = load_prompts(recipe)
     phases, info = plan(recipe, recipe_path, overrides, url, baseline_url, port, drafter)
@@ -718,6 +720,8 @@ def _run(recipe: Any, recipe_path: Path, overrides: list[str] | None, url: str |
             "oracle": serve.oracle,
             "duration_s": round(time.time() - started, 3),
         }
+        if url is None and report["status"] == "passed":  # a pass vouches for the bytes served: hash every one
+            require_current_engine(recipe.workdir_path, verify=True)
         _write_outputs(stage.path, final, report, suites, serve.transcripts)
         report["files"] = {name: str(final / name) for name in ("report.json", "junit.xml", "transcripts.jsonl")}
         stage.finish(recipe=recipe.name, status=report["status"], summary=report["summary"],

@@ -287,16 +287,16 @@ def verdict_lines(choice: dict[int, int], lengths: list[int], rates: dict[tuple[
     return lines
 
 
-def run(recipe: Any, force: bool = False, recipe_path: Path | None = None) -> TuneResult:
-    """Tune (or keep, when unchanged) ``<workdir>/tune/``; return its manifest."""
+def run(recipe: Any, force: bool = False, recipe_path: Path | None = None, verify: bool = False) -> TuneResult:
+    """Tune (or keep, when unchanged) ``<workdir>/tune/``; return its manifest. ``verify``: hash every sealed file."""
     from ..workdir import workdir_lock
 
     with workdir_lock(recipe.workdir_path):
-        return _run(recipe, force, recipe_path)
+        return _run(recipe, force, recipe_path, verify)
 
 
-def _run(recipe: Any, force: bool, recipe_path: Path | None) -> TuneResult:
-    convert = read_convert(recipe)
+def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = False) -> TuneResult:
+    convert = read_convert(recipe, verify=verify)
     backend = recipe.runtime.backend
     if backend not in ("reference", "vllm", "trtllm"):
         raise InputError(f"runtime.backend: tune measures on the reference decoder, vLLM or TensorRT-LLM, not {backend!r}",

@@ -57,6 +57,7 @@ class DataReport:
     self_prompts: int = 0  # prompts the target wrote (self:N), in `prompts`
     self_prompts_s: float = 0.0  # writing them (a rerun reads them from the cache)
     self_prompts_engine: str = ""
+    eval_overlaps: int = 0  # prompts left out of training: they overlap an evaluation set (prompt_sets.py)
     text_tokens: int = 0
     text_s: float = 0.0
     sequences: int = 0
@@ -346,6 +347,7 @@ def build_sequences(
     progress: Any,
     world: Any = None,
     source: Any = None,
+    eval_sets: Sequence[tuple[str, str]] = (),
 ) -> tuple[list[TrainSequence], DataReport]:
     """All training sequences of a ``draft.train`` block (synthesis cached under ``cache_dir``).
 
@@ -360,7 +362,7 @@ def build_sequences(
     # self:N prompts are written by the served engine too when answers come from one
     writer = source if train.synthesize and source is not None and source.served else None
     samples = load_prompt_sets(train, base_dir, model, tokenizer, stop_ids, cache_dir, target_fingerprint, progress, world,
-                               writer, report)
+                               writer, report, eval_sets)
     sequences: list[TrainSequence] = []
     report.prompts = len(samples)
     if train.synthesize:

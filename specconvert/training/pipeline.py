@@ -16,6 +16,7 @@ from typing import Any
 from .. import output, threads
 from .._imports import require
 from ..errors import EnvironmentMissing, InputError
+from ..prompts.overlap import split_holdout as split_holdout_by_prompt  # duplicates on one side (issue 37, item 7)
 from .data import DataReport, TrainSequence, build_sequences, fingerprint, load_prompt_samples
 from .prompt_sets import check_prompt_sets, prompt_specs
 from .trainer import Trainer, TrainResult, build_train_model, check_target_layer, init_from_target_layer
@@ -219,7 +220,8 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
     with answer_source(recipe, target, tokenizer, stop_ids, target_path, target_dtype, cache) as source, \
             output.progress() as bar:
         sequences, data = build_sequences(spec, recipe.base_dir, target, tokenizer, stop_ids, cache, target_fingerprint,
-                                          bar, data_world, source=source)
+                                          bar, data_world, source=source,
+                                          eval_sets=[(recipe.quantize.eval_prompts, "quantize.eval_prompts")])
     device = distributed.init(world, device)
     distributed.end_data_phase(data_world)
     if later:
@@ -245,7 +247,7 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
                    f"{data.text_tokens} teacher-forced text tokens")
     if spec.features == "quantized":
         _quantize_target(recipe, target, tokenizer)
-    train_set, holdout = split_holdout(sequences, spec.holdout_fraction, spec.seed)
+    train_set, holdout = split_holdout_by_prompt(sequences, spec.holdout_fraction, spec.seed)
     config = target.config
     vocab = calibrate(train_set, config.vocab_size, vocab_size(recipe, config.vocab_size), always=stop_ids)
     output.check(True, f"draft vocabulary: {len(vocab.used)} of {config.vocab_size} target tokens, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .. import output
 from ..errors import InputError
@@ -54,28 +54,45 @@ def load_prompt_sets(
     world: Any = None,
     source: Any = None,
     report: Any = None,
+    eval_sets: Sequence[tuple[str, str]] = (),
 ) -> list[dict[str, Any]]:
     """The training prompts of ``train``: every set in order, ``self:N`` written by ``model``, or by
     ``source`` when that is a served answer source (``draft.train.synthesis.engine: vllm | url``).
 
-    Written prompts never repeat a prompt of the other sets nor overlap the held-out
-    ``eval_prompts``. In a data-parallel launch process 0 writes them and the others
-    receive its list, so every process holds the same prompts in the same order.
+    Every evaluation set (``eval_prompts`` and ``eval_sets``, each a (spec, recipe key), e.g.
+    ``quantize.eval_prompts``) is kept out of training: a file's prompt that overlaps one is
+    left out, counted (``report.eval_overlaps``) and warned about, and written prompts never
+    repeat a prompt of the other sets nor overlap an evaluation set. In a data-parallel launch
+    process 0 writes them and the others receive its list, so every process holds the same
+    prompts in the same order.
     """
+    from ..prompts.overlap import OverlapIndex, keep_out
     from .distributed import World, gather
     from .self_prompts import user_texts, write_prompts
 
     world = world or World()
     specs = prompt_specs(train.prompts)
     loaded = read_files(train, base_dir)
+    held_sets = [(train.eval_prompts, "draft.train.eval_prompts")] if train.eval_prompts else []
+    held_sets += [(spec, key) for spec, key in eval_sets if spec and (spec, key) not in held_sets]
+    held_texts = [t for spec, key in held_sets for s in load_samples(spec, key, base_dir) for t in user_texts(s)]
+    if held_texts:
+        held_out, left_out = OverlapIndex(held_texts), 0
+        for n in loaded:
+            loaded[n], dropped = keep_out(loaded[n], held_out, user_texts)
+            left_out += dropped
+        if left_out:
+            output.warn(f"draft.train.prompts: {left_out} prompt{'s' if left_out > 1 else ''} overlap the evaluation "
+                        f"set{'s' if len(held_sets) > 1 else ''} ({', '.join(key for _, key in held_sets)}: equal, or an "
+                        "8-word run shared) and were left out of training")
+        if report is not None:
+            report.eval_overlaps = left_out
     written: list[dict[str, Any]] = []
     counts = {n: self_count(spec, spec_key(train.prompts, n)) for n, spec in enumerate(specs)}
     for n, count in counts.items():
         if count is None:
             continue
-        avoid = [t for samples in loaded.values() for s in samples for t in user_texts(s)]
-        if train.eval_prompts:
-            avoid += [t for s in load_samples(train.eval_prompts, "draft.train.eval_prompts", base_dir) for t in user_texts(s)]
+        avoid = [t for samples in loaded.values() for s in samples for t in user_texts(s)] + held_texts
         started = time.perf_counter()
         if world.main:
             written = write_prompts(count, model, tokenizer, stop_ids, train.self_prompts, train.seed, avoid, cache_dir,

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import json
 import os
-import string
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import InputError
 from ..line_cache import complete_rows
+from ..prompts.overlap import OVERLAP_WORDS, normalise  # noqa: F401  (normalise is this module's API too)
+from ..prompts.overlap import OverlapIndex as HeldOut  # bounded: hashed 8-word windows (issue 37, item 7)
 
 SENTINEL = "SPECCONVERTSELFPROMPTSENTINEL"
 MIN_DISTINCT_TRIGRAMS = 0.5  # below: a text that says the same thing over and over
-OVERLAP_WORDS = 8  # a shared run of this many words with a held-out prompt is a leak
 ATTEMPT_FACTOR = 4  # candidates generated at most, per prompt asked for, before giving up
 
 
@@ -72,37 +71,10 @@ def user_turn(tokenizer: Any, key: str = "draft.train.prompts") -> UserTurn:
 # --------------------------------------------------------------------------- filters (pure)
 
 
-def normalise(text: str) -> str:
-    """Text folded for duplicate detection: case, whitespace and punctuation do not count."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    kept = "".join(" " if unicodedata.category(ch).startswith("P") or ch in string.punctuation else ch for ch in folded)
-    return " ".join(kept.split())
-
-
 def is_repetitive(token_ids: Sequence[int]) -> bool:
     """Fewer than half of its token 3-grams distinct (texts of under 8 3-grams are never repetitive)."""
     grams = [tuple(token_ids[i: i + 3]) for i in range(len(token_ids) - 2)]
     return len(grams) >= 8 and len(set(grams)) / len(grams) < MIN_DISTINCT_TRIGRAMS
-
-
-class HeldOut:
-    """Held-out prompts a written prompt must not overlap (equal after normalisation, or an 8-word run shared)."""
-
-    def __init__(self, texts: Iterable[str]):
-        self.whole: set[str] = set()
-        self.runs: set[tuple[str, ...]] = set()
-        for text in texts:
-            words = normalise(text).split()
-            self.whole.add(" ".join(words))
-            self.runs.update(_runs(words))
-
-    def overlaps(self, text: str) -> bool:
-        words = normalise(text).split()
-        return " ".join(words) in self.whole or any(run in self.runs for run in _runs(words))
-
-
-def _runs(words: list[str]) -> set[tuple[str, ...]]:
-    return {tuple(words[i: i + OVERLAP_WORDS]) for i in range(len(words) - OVERLAP_WORDS + 1)}
 
 
 @dataclass

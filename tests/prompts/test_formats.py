@@ -69,6 +69,9 @@ BAD = [
     ("messages-no-user-turn", '{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}',
      "'messages' has no user turn"),
     ("messages-empty-user-turn", '{"messages": [{"role": "user", "content": "  "}]}', "'messages' has an empty user turn"),
+    ("messages-unknown-role",
+     '{"messages": [{"role": "user", "content": "q"}, {"role": "wizard", "content": "a"}]}',
+     "messages[1] has role 'wizard', not system, developer, user, assistant, tool, function or ipython"),
     ("sharegpt-not-a-list", '{"conversations": {"from": "human"}}', "'conversations' is a JSON object, not a list of turns"),
     ("sharegpt-unknown-speaker", '{"conversations": [{"from": "bot", "value": "hi"}]}',
      "conversations[0] has from 'bot', not human, gpt or system"),
@@ -120,3 +123,12 @@ def test_every_builtin_set_reads():
 
     for name in builtin_names():
         assert load_samples(f"builtin:{name}", "k", Path("."))
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_jsonl_row_holding_a_unicode_line_separator_stays_one_row(tmp_path, separator):
+    """str.splitlines() also splits on U+2028/U+2029/U+0085 (ShareGPT exports hold them raw in strings)."""
+    path = tmp_path / "set.jsonl"
+    rows = [{"prompt": f"first{separator}half"}, {"prompt": "second"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert load_samples(str(path), "k", tmp_path) == rows

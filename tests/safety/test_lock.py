@@ -107,7 +107,7 @@ def test_bench_and_serve_test_lock_the_workdir_before_reading_the_engine(tmp_pat
     recipe = load_recipe(path)
     held = []
 
-    def first_read(workdir):
+    def first_read(workdir, verify=False):
         held.append((workdir / LOCK_NAME).exists())
         raise _Stop
 
