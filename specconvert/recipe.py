@@ -107,11 +107,28 @@ class SynthesisSpec(_Strict):
         "the new copies.",
     )
     probe_prompts: int = Field(
-        2, ge=1, le=64,
-        description="Served engines: prompts whose greedy answers must equal the in-process target's before bulk work "
-        "(refuses an endpoint that serves another model or chat template, naming the first differing token).",
+        4, ge=1, le=64,
+        description="Served engines: prompts the served engine answers greedily before bulk work, each answer scored by "
+        "the in-process target: every token must be the target's best (or within serve_test.lossless.tie_margin of it: "
+        "a near-tie), and the chosen tokens' logprobs equal within `probe_tolerance` (refuses another model, chat "
+        "template, fine-tune or quantization of it, naming the first differing token or the gap).",
     )
-    probe_tokens: int = Field(16, ge=1, le=1024, description="Served engines: answer tokens compared per probe prompt.")
+    probe_tokens: int = Field(
+        64, ge=1, le=1024,
+        description="Served engines: answer tokens compared per probe prompt (4 x 64 by default: a copy that departs "
+        "from the target after 16 tokens is still caught, and the logprob gap is a mean over up to 256 tokens).",
+    )
+    probe_tolerance: float = Field(
+        0.02, ge=0,
+        description="Served engines: the largest mean |served - in-process| logprob of the probe's chosen tokens "
+        "(nats) taken for numerical noise. Measured on SmolLM2-135M (docs/training.md): float32 vLLM CPU vs "
+        "transformers ~1e-4; a copy with 1% weight noise ~0.05. A bf16 GPU engine against a bf16 target may need ~0.05.",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="`engine: url`: the NAME of the environment variable holding the endpoints' API key, sent as "
+        "`Authorization: Bearer <key>` (never the key itself: recipes and manifests are shared).",
+    )
     request_extra: dict[str, Any] = Field(
         default_factory=lambda: {"return_token_ids": True},
         description="Extra fields of every served request. `return_token_ids: true` makes vLLM (>= 0.10) and SGLang "
@@ -125,9 +142,11 @@ class SynthesisSpec(_Strict):
             raise ValueError("engine: url needs `urls: [http://host:port, ...]`")
         if self.engine != "url" and self.urls:
             raise ValueError(f"urls are only read with engine: url (engine is {self.engine}); set engine: url or drop urls")
-        bad = [u for u in self.urls if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
-        if bad:
-            raise ValueError(f"not an http(s) base URL: {bad[0]!r}; give e.g. http://127.0.0.1:8000")
+        bad = [n for n, u in enumerate(self.urls) if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
+        if bad:  # not echoed: a URL may carry a password
+            raise ValueError(f"urls[{bad[0]}] is not an http(s) base URL; give e.g. http://127.0.0.1:8000")
+        if self.api_key_env and self.engine != "url":
+            raise ValueError(f"api_key_env is only read with engine: url (engine is {self.engine})")
         return self
 
     @model_validator(mode="after")

@@ -30,3 +30,11 @@ def redact_url(url: str | None) -> str | None:
     if at < 0:
         return text
     return text[:start] + REDACTED + text[at:]
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str) -> str:
+    """Every URL inside ``text`` (an error message a library wrote) through :func:`redact_url`."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)) or "", str(text))

@@ -69,6 +69,10 @@ def preflight(recipe: Any, target_vocab: int) -> None:
 
         launch.find_python(recipe.runtime, launch.project_roots(recipe.base_dir / "recipe.yaml"),  # exit 3 before any load
                            SYNTHESIS_NEEDS, SYNTHESIS_INSTEAD)
+    if train.synthesize and train.synthesis.engine == "url":
+        from .answers.sources import check_endpoints
+
+        check_endpoints(train.synthesis)  # GET /v1/models on every URL: a wrong URL fails in seconds, before any load
     size = vocab_size(recipe, target_vocab)
     if size > target_vocab:
         raise InputError(
