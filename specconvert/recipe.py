@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_serializer, field_validator, model_validator
 
 from .errors import InputError
 from .yaml_strict import DuplicateKey, parse_yaml
@@ -135,6 +135,13 @@ class SynthesisSpec(_Strict):
         "return the answer's token ids; trtllm-serve refuses unknown fields, so give `{}` there: the answer text is "
         "then tokenized (and the probe checks the result equals the target's tokens).",
     )
+
+    @field_serializer("urls", when_used="json")
+    def _urls_redacted(self, urls: list[str]) -> list[str]:
+        """Dumped (manifests, fingerprints, `recipe show`) without the credentials a URL may carry."""
+        from .redact import redact_url
+
+        return [str(redact_url(u)) for u in urls]
 
     @model_validator(mode="after")
     def _urls_for_url(self) -> "SynthesisSpec":

@@ -485,3 +485,20 @@ def test_credentials_in_a_url_reach_no_label_error_or_key(tmp_path):
     with Double(toy_answer) as double:
         ok = ServedSource([double.url.replace("http://", "http://user:t0ken-s3cret@")], None, [STOP])
         assert "t0ken-s3cret" not in json.dumps(ok.identity()) + ok.describe()
+
+
+def test_urls_are_dumped_redacted_for_manifests_and_fingerprints():
+    from specconvert.recipe import validate_recipe
+
+    recipe = validate_recipe({"name": "x", "target": {"model": "t"}, "draft": {"train": {"synthesis": {
+        "engine": "url", "urls": ["https://user:t0ken@h:1/v1x"]}}}})
+    assert recipe.draft.train.synthesis.urls == ["https://user:t0ken@h:1/v1x"]  # the client gets it as given
+    dumped = json.dumps(recipe.section("target", "draft", "quantize"))
+    assert "t0ken" not in dumped and "https://***@h:1/v1x" in dumped
+
+
+def test_redact_text_hides_credentials_of_every_url_in_a_message():
+    from specconvert.serving.urls import redact_text
+
+    text = "GET https://u:p4ss@h:1/v1/models failed; retried http://a:b@c:2"
+    assert redact_text(text) == "GET https://***@h:1/v1/models failed; retried http://***@c:2"
