@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rows", default="vllm,noise,scale", help="which rows, comma-separated")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-probe-"))
     torch.manual_seed(0)
@@ -79,20 +80,13 @@ def main() -> None:
     prompts = [prompt_ids(s, tokenizer) for s in load_samples("builtin:chat-eval", "x", work)[: args.prompts]]
     reference = InProcessSource(model, stop_ids, 2, 1)
     rows = {}
-    for level in (1e-3, 1e-2):
-        noisy = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in noisy.parameters():
-                p.add_(torch.randn_like(p) * p.float().std() * level)
-        rows[f"noise {level:g}"] = measure(CopySource(noisy, stop_ids, f"noise {level:g}"), reference, prompts,
-                                           args.tokens, tokenizer)
-    scaled = copy.deepcopy(model)
-    layer = len(scaled.model.layers) // 2
-    with torch.no_grad():
-        scaled.model.layers[layer].mlp.down_proj.weight.mul_(1.01)
-    rows[f"scale layer {layer} x1.01"] = measure(CopySource(scaled, stop_ids, "scaled"), reference, prompts,
-                                                 args.tokens, tokenizer)
-    if args.vllm_python:
+    wanted = set(args.rows.split(","))
+
+    def show(name, row):
+        rows[name] = row
+        print(json.dumps({name: row}), flush=True)
+
+    if args.vllm_python and "vllm" in wanted:
         from specconvert.recipe import validate_recipe
         from specconvert.training.answers.vllm import VllmSource
 
@@ -100,7 +94,21 @@ def main() -> None:
                                   "draft": {"train": {"synthesis": {"engine": "vllm", "concurrency": 1}}},
                                   "runtime": {"vllm_python": args.vllm_python, "vllm_threads": 1}}, base_dir=work)
         with VllmSource(recipe.draft.train.synthesis, recipe, target, "float32", stop_ids, tokenizer, work) as source:
-            rows["vllm (float32, CPU)"] = measure(source.endpoints()[0], reference, prompts, args.tokens, tokenizer)
+            show("vllm (float32, CPU)", measure(source.endpoints()[0], reference, prompts, args.tokens, tokenizer))
+    for level in (1e-3, 1e-2) if "noise" in wanted else ():
+        noisy = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in noisy.parameters():
+                p.add_(torch.randn_like(p) * p.float().std() * level)
+        show(f"noise {level:g}", measure(CopySource(noisy, stop_ids, f"noise {level:g}"), reference, prompts,
+                                         args.tokens, tokenizer))
+    if "scale" in wanted:
+        scaled = copy.deepcopy(model)
+        layer = len(scaled.model.layers) // 2
+        with torch.no_grad():
+            scaled.model.layers[layer].mlp.down_proj.weight.mul_(1.01)
+        show(f"scale layer {layer} down_proj x1.01", measure(CopySource(scaled, stop_ids, "scaled"), reference, prompts,
+                                                             args.tokens, tokenizer))
     print(json.dumps({"prompts": len(prompts), "tokens_per_prompt": args.tokens, "rows": rows}, indent=1))
 
 

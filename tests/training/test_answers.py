@@ -502,3 +502,20 @@ def test_redact_text_hides_credentials_of_every_url_in_a_message():
 
     text = "GET https://u:p4ss@h:1/v1/models failed; retried http://a:b@c:2"
     assert redact_text(text) == "GET https://***@h:1/v1/models failed; retried http://***@c:2"
+
+
+@pytest.mark.parametrize("dtype, passes", [("float32", False), ("bfloat16", True)])
+def test_the_default_tolerance_follows_the_targets_dtype(dtype, passes):
+    """A 0.005-nat mean gap (SmolLM2 with 0.1% weight noise gave 0.0046) is a different model next to a float32
+    target (vLLM CPU float32 agrees to 1e-5) but within a bf16 engine's rounding."""
+
+    class Typed(ToySource):
+        def identity(self):
+            return {"engine": "inprocess", "dtype": dtype, "device": "cpu"}
+
+    with Double(long_answer, logprobs=lambda p, ids: [CHOSEN_LP - 0.005] * len(ids)) as double:
+        if passes:
+            assert probe(served(double), Typed(long_answer), [[5, 6]], 32, str).tolerance == 0.03
+        else:
+            with pytest.raises(InputError, match="probe_tolerance 0.001"):
+                probe(served(double), Typed(long_answer), [[5, 6]], 32, str)

@@ -1,4 +1,4 @@
-"""The synthesis vLLM's lifecycle without vLLM: a stdlib stand-in (tests/helpers/fake_vllm.py) started through
+"""The synthesis vLLM's lifecycle without vLLM: a stdlib stand-in (tests/helpers/synthesis_server.py) started through
 ``VllmSource``: serve-test's start loop (a taken port retried), the served model id checked, and a dead engine's own
 last error quoted instead of "cannot connect"."""
 
@@ -12,7 +12,7 @@ import pytest
 from specconvert.errors import ExternalFailure
 from specconvert.training.answers import GREEDY, AnswerCache, answer_all
 
-FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_vllm.py"
+FAKE = Path(__file__).resolve().parents[1] / "helpers" / "synthesis_server.py"
 
 
 @pytest.fixture

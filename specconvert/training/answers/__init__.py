@@ -216,13 +216,21 @@ class ProbeRule:
     led it by less than this (serve-test's and tune's tie rule, ``serving.oracle.classify_divergence``).
     """
 
-    tolerance: float
+    tolerance: float | None  # None: by the in-process target's dtype (recipe.PROBE_TOLERANCE_BY_DTYPE)
     tie_margin: float
 
     @classmethod
     def of(cls, recipe: Any) -> "ProbeRule":
         """``draft.train.synthesis.probe_tolerance`` and serve-test's ``serve_test.lossless.tie_margin``."""
-        return cls(float(recipe.draft.train.synthesis.probe_tolerance), float(recipe.serve_test.lossless.tie_margin))
+        return cls(recipe.draft.train.synthesis.probe_tolerance, float(recipe.serve_test.lossless.tie_margin))
+
+    def tolerance_for(self, reference: "AnswerSource") -> float:
+        from ...recipe import PROBE_TOLERANCE_BY_DTYPE
+
+        if self.tolerance is not None:
+            return float(self.tolerance)
+        dtype = (reference.identity() or {}).get("dtype", "float32")
+        return PROBE_TOLERANCE_BY_DTYPE.get(dtype, max(PROBE_TOLERANCE_BY_DTYPE.values()))
 
 
 @dataclass
@@ -230,6 +238,7 @@ class ProbeResult:
     """What the probe measured on one endpoint (recorded in the manifest)."""
 
     endpoint: str  # redacted
+    tolerance: float | None = None  # the mean gap allowed (nats)
     tokens: int = 0  # answer tokens compared
     logprob_tokens: int = 0  # of those, tokens whose served logprob was compared
     mean_gap: float | None = None  # mean |served - target| logprob of the chosen tokens (nats); None: no logprobs
@@ -258,9 +267,10 @@ def probe(served: AnswerSource, reference: AnswerSource, prompts: Sequence[list[
     from ...serving.oracle import classify_divergence
 
     rule = rule or getattr(served, "probe_rule", None) or default_probe_rule()
+    tolerance = rule.tolerance_for(reference)
     jobs = [((n, 0), list(p)) for n, p in enumerate(prompts)]
     answers = served.answer_scored(jobs, tokens)
-    result = ProbeResult(served.describe())
+    result = ProbeResult(served.describe(), tolerance)
     gaps: list[float] = []
     fix = "serve the same model (same weights and dtype) and chat template as target.model, or use engine: inprocess"
     for key, prompt in jobs:
@@ -283,12 +293,12 @@ def probe(served: AnswerSource, reference: AnswerSource, prompts: Sequence[list[
     if gaps:
         result.logprob_tokens = len(gaps)
         result.mean_gap, result.max_gap = sum(gaps) / len(gaps), max(gaps)
-        if result.mean_gap > rule.tolerance:
+        if result.mean_gap > tolerance:
             raise InputError(
                 f"{where}: {served.describe()} gives the target's tokens with other probabilities: the chosen tokens' "
                 f"logprobs differ from the in-process target's by {result.mean_gap:.3g} nats on average over "
                 f"{len(gaps)} tokens (largest {result.max_gap:.3g}), above draft.train.synthesis.probe_tolerance "
-                f"{rule.tolerance:g}: another checkpoint of the same model (a fine-tune, another quantization)?",
+                f"{tolerance:g}: another checkpoint of the same model (a fine-tune, another quantization)?",
                 fix=fix + "; a lower-precision deployment of the same weights may need a larger probe_tolerance")
     return result
 

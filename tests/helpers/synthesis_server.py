@@ -1,4 +1,4 @@
-"""A stand-in for vLLM's api_server in synthesis tests (stdlib only): ``fake_vllm.py PORT MODEL STATE_DIR``.
+"""A stand-in for vLLM's api_server in synthesis tests (stdlib only): ``synthesis_server.py PORT MODEL STATE_DIR``.
 
 Behaviours, read from files in STATE_DIR: ``taken`` (exists: print uvicorn's "address already in use" and exit, once,
 as when another process took the port first), ``die-at-start`` (its text printed as the engine's last error, exit 1),
