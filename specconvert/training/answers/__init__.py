@@ -269,7 +269,8 @@ def probe(served: AnswerSource, reference: AnswerSource, prompts: Sequence[list[
     rule = rule or getattr(served, "probe_rule", None) or default_probe_rule()
     tolerance = rule.tolerance_for(reference)
     jobs = [((n, 0), list(p)) for n, p in enumerate(prompts)]
-    answers = served.answer_scored(jobs, tokens)
+    scored = getattr(served, "answer_scored", None)  # a duck-typed source without it: tokens alone, no logprobs
+    answers = scored(jobs, tokens) if scored is not None else AnswerSource.answer_scored(served, jobs, tokens)
     result = ProbeResult(served.describe(), tolerance)
     gaps: list[float] = []
     fix = "serve the same model (same weights and dtype) and chat template as target.model, or use engine: inprocess"
