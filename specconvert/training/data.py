@@ -226,8 +226,8 @@ def conversation_sequence(ids: Sequence[int], spans: Sequence[tuple[int, int]], 
 
 def synthesis_cache_key(target_fingerprint: str, first_prompts: list[list[int]], train: Any, stop_ids: Sequence[int],
                         pad_id: int, turns: list[list[list[dict[str, Any]]]], identity: dict[str, Any] | None = None) -> str:
-    """The synthesis cache's name: today's in-process greedy single-turn key unchanged (old caches stay valid);
-    served engines, sampling and later turns add their part."""
+    """The synthesis cache's name: who answered (``identity``: the engine kind, served model id, redacted endpoints
+    and request_extra; in process, the target's dtype and device), sampling and later turns add their part."""
     from .answers import Sampling, settings_key
 
     synthesis = train.synthesis
