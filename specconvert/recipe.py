@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_serializer, field_validator, model_validator
 
 from .errors import InputError
 from .yaml_strict import DuplicateKey, parse_yaml
@@ -62,6 +62,11 @@ class TargetSpec(_Strict):
     trust_remote_code: bool = Field(
         False, description="Allow custom modelling code shipped with the checkpoint. Off unless you trust it."
     )
+
+
+# The identity probe's default tolerance per in-process dtype (nats, mean over the probe's chosen tokens): float32
+# engines agree with transformers to ~1e-5 (SmolLM2 on vLLM CPU); half-precision kernels round logits at ~2^-8.
+PROBE_TOLERANCE_BY_DTYPE = {"float32": 1e-3, "bfloat16": 0.03, "float16": 0.03}
 
 
 class SynthesisSpec(_Strict):
@@ -109,11 +114,29 @@ class SynthesisSpec(_Strict):
         "the new copies.",
     )
     probe_prompts: int = Field(
-        2, ge=1, le=64,
-        description="Served engines: prompts whose greedy answers must equal the in-process target's before bulk work "
-        "(refuses an endpoint that serves another model or chat template, naming the first differing token).",
+        4, ge=1, le=64,
+        description="Served engines: prompts the served engine answers greedily before bulk work, each answer scored by "
+        "the in-process target: every token must be the target's best (or within serve_test.lossless.tie_margin of it: "
+        "a near-tie), and the chosen tokens' logprobs equal within `probe_tolerance` (refuses another model, chat "
+        "template, fine-tune or quantization of it, naming the first differing token or the gap).",
     )
-    probe_tokens: int = Field(16, ge=1, le=1024, description="Served engines: answer tokens compared per probe prompt.")
+    probe_tokens: int = Field(
+        64, ge=1, le=1024,
+        description="Served engines: answer tokens compared per probe prompt (4 x 64 by default: a copy that departs "
+        "from the target after 16 tokens is still caught, and the logprob gap is a mean over up to 256 tokens).",
+    )
+    probe_tolerance: float | None = Field(
+        None, ge=0,
+        description="Served engines: the largest mean |served - in-process| logprob of the probe's chosen tokens "
+        "(nats) taken for numerical noise. null = by the in-process target's dtype (`PROBE_TOLERANCE_BY_DTYPE`: "
+        "float32 0.001, bfloat16/float16 0.03). Measured on SmolLM2-135M float32 (docs/training.md): vLLM CPU vs "
+        "transformers 1e-5; a copy with 0.1% weight noise 0.005.",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="`engine: url`: the NAME of the environment variable holding the endpoints' API key, sent as "
+        "`Authorization: Bearer <key>` (never the key itself: recipes and manifests are shared).",
+    )
     request_extra: dict[str, Any] = Field(
         default_factory=lambda: {"return_token_ids": True},
         description="Extra fields of every served request. `return_token_ids: true` makes vLLM (>= 0.10) and SGLang "
@@ -121,15 +144,24 @@ class SynthesisSpec(_Strict):
         "then tokenized (and the probe checks the result equals the target's tokens).",
     )
 
+    @field_serializer("urls", when_used="json")
+    def _urls_redacted(self, urls: list[str]) -> list[str]:
+        """Dumped (manifests, fingerprints, `recipe show`) without the credentials a URL may carry."""
+        from .redact import redact_url
+
+        return [str(redact_url(u)) for u in urls]
+
     @model_validator(mode="after")
     def _urls_for_url(self) -> "SynthesisSpec":
         if self.engine == "url" and not self.urls:
             raise ValueError("engine: url needs `urls: [http://host:port, ...]`")
         if self.engine != "url" and self.urls:
             raise ValueError(f"urls are only read with engine: url (engine is {self.engine}); set engine: url or drop urls")
-        bad = [u for u in self.urls if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
-        if bad:
-            raise ValueError(f"not an http(s) base URL: {bad[0]!r}; give e.g. http://127.0.0.1:8000")
+        bad = [n for n, u in enumerate(self.urls) if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", u)]
+        if bad:  # not echoed: a URL may carry a password
+            raise ValueError(f"urls[{bad[0]}] is not an http(s) base URL; give e.g. http://127.0.0.1:8000")
+        if self.api_key_env and self.engine != "url":
+            raise ValueError(f"api_key_env is only read with engine: url (engine is {self.engine})")
         return self
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ LAYERS = {
     "specconvert.recipe_files": 3,
     "specconvert.workdir": 2, "specconvert.threads": 2, "specconvert.yaml_strict": 2, "specconvert._imports": 2,
     "specconvert.draft_schedule": 2,
-    "specconvert.output": 1, "specconvert.errors": 1, "specconvert.line_cache": 1,
+    "specconvert.output": 1, "specconvert.errors": 1, "specconvert.line_cache": 1, "specconvert.redact": 1,
     "specconvert": 0,  # the package root: __version__ only
 }
 

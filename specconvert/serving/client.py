@@ -21,11 +21,12 @@ import httpx
 class RequestFailed(Exception):
     """A request did not produce a well-formed answer."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None):
+    def __init__(self, kind: str, message: str, status: int | None = None, retry_after_s: float | None = None):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
+        self.retry_after_s = retry_after_s  # the server's Retry-After (seconds), when it sent one
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Completion:
     client_s: float = 0.0  # time spent parsing events and keeping books (not reading the socket): bench's overhead figure
     events: int = 0  # SSE data events parsed
     logprobs: Any = None  # the choice's OpenAI ``logprobs`` object, when asked for (non-streaming)
+    stop_reason: Any = None  # vLLM's ``stop_reason``: the stop token id (or string) that ended it, when given
 
     def as_dict(self, with_chunks: bool = False) -> dict[str, Any]:
         out = {
@@ -69,9 +71,11 @@ class OpenAIClient:
     """``async with OpenAIClient(url, request_timeout_s=120) as client: await client.chat(...)``."""
 
     def __init__(self, base_url: str, request_timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
-                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None):
+                 max_connections: int | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 headers: dict[str, str] | None = None):
         """``max_connections``: bench raises it to its highest concurrency (httpx's default pool holds 100).
-        ``transport``: an ``httpx.MockTransport`` in tests."""
+        ``transport``: an ``httpx.MockTransport`` in tests. ``headers``: sent with every request
+        (``Authorization: Bearer ...``)."""
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         timeout = httpx.Timeout(request_timeout_s, connect=min(connect_timeout_s, request_timeout_s))
@@ -80,6 +84,8 @@ class OpenAIClient:
             extra["limits"] = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         if transport is not None:
             extra["transport"] = transport
+        if headers:
+            extra["headers"] = dict(headers)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, **extra)
 
     async def __aenter__(self) -> "OpenAIClient":
@@ -112,9 +118,16 @@ class OpenAIClient:
 
     async def models(self) -> list[str]:
         """Model ids from ``GET /v1/models``."""
+        return [str(card["id"]) for card in await self.model_cards()]
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """The entries of ``GET /v1/models`` (each with ``id``; vLLM adds ``max_model_len``)."""
         data = await self._get_json("/v1/models")
         try:
-            return [str(item["id"]) for item in data["data"]]
+            cards = list(data["data"])
+            for card in cards:
+                str(card["id"])
+            return cards
         except (KeyError, TypeError):
             raise RequestFailed("malformed", f"GET /v1/models: no data[].id in {_snippet(json.dumps(data))}") from None
 
@@ -176,7 +189,7 @@ class OpenAIClient:
         latency = time.perf_counter() - started
         if response.status_code != 200:
             raise RequestFailed("http", f"POST {path}: HTTP {response.status_code}: {_snippet(response.text)}",
-                                response.status_code)
+                                response.status_code, _retry_after(response.headers.get("retry-after")))
         try:
             data = response.json()
             choice = data["choices"][0]
@@ -189,7 +202,7 @@ class OpenAIClient:
         usage = data.get("usage") or {}
         return Completion(text or "", _ids(choice.get("token_ids")), choice.get("finish_reason"),
                           usage.get("prompt_tokens"), usage.get("completion_tokens"), latency, latency, False,
-                          model=data.get("model"), logprobs=choice.get("logprobs"))
+                          model=data.get("model"), logprobs=choice.get("logprobs"), stop_reason=choice.get("stop_reason"))
 
     async def _stream(self, path: str, payload: dict[str, Any], chat: bool) -> Completion:
         started = time.perf_counter()
@@ -269,6 +282,15 @@ def _ids(value: Any) -> list[int] | None:
 def _snippet(text: str, limit: int = 200) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the delay form; an HTTP date or garbage reads as none)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None
 
 
 def _transport_error(what: str, exc: httpx.HTTPError, streaming: bool = False) -> RequestFailed:

@@ -1,32 +1,8 @@
-"""URLs as they may be recorded or printed: without the credentials a user put in them.
-
-``--url http://user:secret@host:8000`` is a normal way to reach an endpoint behind basic
-auth, and the client needs it as given. Reports, manifests, logs and error messages get
-``redact_url(url)`` instead (issue 11, item 21).
-"""
+"""URLs as they may be recorded or printed: the rule lives in :mod:`specconvert.redact` (low enough for the recipe
+schema to use it too); serve-test, bench and the launch scripts import it from here."""
 
 from __future__ import annotations
 
-import re
+from ..redact import REDACTED, redact_text, redact_url
 
-REDACTED = "***"
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def redact_url(url: str | None) -> str | None:
-    """``http://user:pass@host:8000/v1`` -> ``http://***@host:8000/v1``; other URLs unchanged.
-
-    Deliberately blunter than a URL parser: everything between ``://`` and the LAST ``@``
-    is hidden, so a password with an unencoded ``@``, ``/``, ``?`` or ``#`` (which parsers
-    split in different places) never leaks. A ``@`` later in the path is taken for
-    credentials too; hiding a little too much beats writing a password into a report.
-    """
-    if url is None:
-        return None
-    text = str(url)
-    scheme = _SCHEME.match(text)
-    start = scheme.end() if scheme else 0
-    at = text.rfind("@", start)
-    if at < 0:
-        return text
-    return text[:start] + REDACTED + text[at:]
+__all__ = ["REDACTED", "redact_text", "redact_url"]

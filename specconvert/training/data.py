@@ -54,6 +54,7 @@ class DataReport:
     conversations_cut: int = 0  # multi-turn samples ended early: an answer reached max_new_tokens
     turns_past_seq_len: int = 0  # multi-turn samples ended early: the next turn's answer would start past seq_len
     probe_tokens: int = 0  # answer tokens a served engine matched the in-process target on
+    probe: list[dict[str, Any]] = field(default_factory=list)  # per endpoint: the probe's measured logprob gap, ties
     self_prompts: int = 0  # prompts the target wrote (self:N), in `prompts`
     self_prompts_s: float = 0.0  # writing them (a rerun reads them from the cache)
     self_prompts_engine: str = ""
@@ -226,14 +227,14 @@ def conversation_sequence(ids: Sequence[int], spans: Sequence[tuple[int, int]], 
 
 
 def synthesis_cache_key(target_fingerprint: str, first_prompts: list[list[int]], train: Any, stop_ids: Sequence[int],
-                        pad_id: int, turns: list[list[list[dict[str, Any]]]]) -> str:
-    """The synthesis cache's name: today's in-process greedy single-turn key unchanged (old caches stay valid);
-    served engines, sampling and later turns add their part."""
+                        pad_id: int, turns: list[list[list[dict[str, Any]]]], identity: dict[str, Any] | None = None) -> str:
+    """The synthesis cache's name: who answered (``identity``: the engine kind, served model id, redacted endpoints
+    and request_extra; in process, the target's dtype and device), sampling and later turns add their part."""
     from .answers import Sampling, settings_key
 
     synthesis = train.synthesis
     sampling = Sampling(synthesis.temperature, synthesis.top_p, synthesis.seed)
-    extra = settings_key(synthesis.engine, sampling)
+    extra = settings_key(identity, sampling)  # who answered (answers.AnswerSource.identity), and how
     batch = [train.synthesis_batch_size, pad_id] if synthesis.engine == "inprocess" else ["served"]
     parts: list[Any] = ["synthesis-v1", target_fingerprint, first_prompts, train.max_new_tokens, sorted(stop_ids), *batch]
     if extra:
@@ -276,11 +277,13 @@ def synthesize_conversations(train: Any, samples: list[dict[str, Any]], tokenize
         else:
             mine = [key for n, key in enumerate(keys) if n % world.size == world.rank]
         todo = [key for key in mine if key not in cache]
-        if todo and source.served and not probed:
+        if source.served and not probed and mine and (todo or not cache.probed):  # a cache made elsewhere: probe first
             first = [contexts[(i, 0)] for i in range(min(synthesis.probe_prompts, len(samples)))]
-            for endpoint in source.endpoints():
-                report.probe_tokens += probe(endpoint, reference, first, synthesis.probe_tokens,
-                                             lambda t: tokenizer.decode([t], skip_special_tokens=False))
+            results = [probe(endpoint, reference, first, synthesis.probe_tokens,
+                             lambda t: tokenizer.decode([t], skip_special_tokens=False)) for endpoint in source.endpoints()]
+            report.probe_tokens += sum(r.tokens for r in results)
+            report.probe = [r.as_dict() for r in results]
+            cache.mark_probed(results)
             probed = True
         label = f"synthesize answers ({source.describe()}" + (f", turn {turn + 1})" if turn else ")")
         task = progress.add_task(label, total=len(mine))
@@ -375,8 +378,9 @@ def build_sequences(
         # every answer has its own key and seed (Sampling.request_seed), in process and served alike.
         # Answer i depends only on its prompt (i mod n) and its seed (from i), never on the number of copies, so the
         # cache is keyed by the distinct prompts: raising answers_per_prompt asks for the new copies alone.
+        source = source or InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
         key = synthesis_cache_key(target_fingerprint, prompts_for_key(samples, tokenizer), train, stop_ids, pad_id,
-                                  [user_turns(s) for s in samples])
+                                  [user_turns(s) for s in samples], source.identity())
         distinct = len(samples)
         copies = train.synthesis.answers_per_prompt
         samples = samples * copies
@@ -384,7 +388,6 @@ def build_sequences(
         share = f"-part{world.rank}of{world.size}" if world.parallel else ""
         report.synthesis_engine = train.synthesis.engine
         t0 = time.perf_counter()
-        source = source or InProcessSource(model, stop_ids, pad_id, train.synthesis_batch_size)
         answered = synthesize_conversations(train, samples, tokenizer, source, reference, stop_ids,
                                             cache_dir / f"synthesis-{key}{share}.jsonl", progress, world, report)
         if copies > 1:

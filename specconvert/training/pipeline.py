@@ -70,6 +70,10 @@ def preflight(recipe: Any, target_vocab: int) -> None:
 
         launch.find_python(recipe.runtime, launch.project_roots(recipe.base_dir / "recipe.yaml"),  # exit 3 before any load
                            SYNTHESIS_NEEDS, SYNTHESIS_INSTEAD)
+    if train.synthesize and train.synthesis.engine == "url":
+        from .answers.sources import check_endpoints
+
+        check_endpoints(train.synthesis)  # GET /v1/models on every URL: a wrong URL fails in seconds, before any load
     size = vocab_size(recipe, target_vocab)
     if size > target_vocab:
         raise InputError(
@@ -238,7 +242,9 @@ def train_head(recipe: Any, target_path: Path, target_fingerprint: str, device: 
         cached = f", {data.synthesis_cached} from the cache" if data.synthesis_cached else ""
         if data.synthesis_cached >= data.answers:  # nothing was generated: a rate would divide cached tokens by reading time
             rate, cached = None, ", all from the cache"
-        probed = f"; probe: {data.probe_tokens} tokens equal to the in-process target's" if data.probe_tokens else ""
+        gaps = [p["mean_gap"] for p in data.probe if p.get("mean_gap") is not None]
+        probed = (f"; probe: {data.probe_tokens} tokens scored by the in-process target"
+                  + (f", mean logprob gap {max(gaps):.2g} nats" if gaps else "")) if data.probe_tokens else ""
         written = (f" ({data.self_prompts} written by the target in {data.self_prompts_s:.0f} s, {data.self_prompts_engine})"
                    if data.self_prompts else "")
         output.log(f"train data: {data.prompts} prompts{written}, {data.answers} answers ({spec.synthesis.engine}), "

@@ -3,9 +3,13 @@
 It answers ``POST /v1/completions`` whose ``prompt`` is a list of token ids with
 ``answer(prompt, max_tokens)`` and returns ``choices[0].token_ids`` when the request asks for
 ``return_token_ids`` (as vLLM and SGLang do), else text only. Behaviours a test sets:
-``fail_first`` (that many requests answered 503 first), ``status`` (every request answered
-with it), ``delay_s`` (per request), ``perturb_at`` (the answer's token at that position + 1:
-"another model").
+``fail_first`` (that many requests answered 503 first, with ``retry_after`` as Retry-After
+when set), ``status`` (every request answered with it), ``delay_s`` (per request), ``perturb_at``
+(the answer's token at that position + 1: "another model"), ``logprobs(prompt, ids)`` (the chosen
+tokens' logprobs, returned when a request asks for ``logprobs``), ``stop_reason`` (sent with an
+answer that stopped), ``max_model_len`` (listed in ``/v1/models``), ``refuse(prompt)`` (that
+request answered 400, as vLLM answers a prompt longer than its context). ``auth`` records each
+request's Authorization header.
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class Double:
-    def __init__(self, answer: Callable[[list[int], int], list[int]], model: str = "tiny"):
+    def __init__(self, answer: Callable[[list[int], int], list[int]], model: str = "tiny",
+                 logprobs: Callable[[list[int], list[int]], list[float]] | None = None):
         self.answer = answer
         self.model = model
+        self.logprobs = logprobs
+        self.stop_reason = None
+        self.max_model_len: int | None = None
+        self.refuse: Callable[[list[int]], bool] | None = None
+        self.retry_after: str | None = None
+        self.auth: list[str | None] = []
         self.fail_first = 0
         self.status: int | None = None
         self.delay_s = 0.0
@@ -40,17 +51,23 @@ class Double:
             def log_message(self, *args):  # quiet
                 pass
 
-            def _send(self, code: int, body: dict) -> None:
+            def _send(self, code: int, body: dict, headers: dict | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
             def do_GET(self):
+                double.auth.append(self.headers.get("Authorization"))
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": double.model, "object": "model"}]})
+                    card = {"id": double.model, "object": "model"}
+                    if double.max_model_len is not None:
+                        card["max_model_len"] = double.max_model_len
+                    self._send(200, {"object": "list", "data": [card]})
                 elif self.path == "/health":
                     self._send(200, {})
                 else:
@@ -58,6 +75,7 @@ class Double:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                double.auth.append(self.headers.get("Authorization"))
                 with double._lock:
                     double.requests.append(body)
                     failing = double.fail_first > 0
@@ -65,7 +83,13 @@ class Double:
                 if double.delay_s:
                     time.sleep(double.delay_s)
                 if double.status is not None or failing:
-                    self._send(double.status or 503, {"error": {"message": "overloaded", "code": double.status or 503}})
+                    retry = {"Retry-After": double.retry_after} if failing and double.retry_after else None
+                    self._send(double.status or 503, {"error": {"message": "overloaded", "code": double.status or 503}},
+                               retry)
+                    return
+                if double.refuse is not None and double.refuse(list(body.get("prompt") or [])):
+                    self._send(400, {"error": {"message": "This model's maximum context length is 64 tokens.",
+                                               "code": 400}})
                     return
                 if self.path != "/v1/completions" or not isinstance(body.get("prompt"), list):
                     self._send(400, {"error": {"message": "token-id prompts on /v1/completions only"}})
@@ -74,10 +98,16 @@ class Double:
                 if double.perturb_at is not None and double.perturb_at < len(ids):
                     ids[double.perturb_at] += 1
                 stops = set(body.get("stop_token_ids") or [])
-                choice = {"index": 0, "text": " ".join(map(str, ids)),
+                # the text leaves the stop token out, as servers detokenize with skip_special_tokens
+                choice = {"index": 0, "text": " ".join(str(t) for t in ids if t not in stops),
                           "finish_reason": "stop" if ids and ids[-1] in stops else "length"}
                 if body.get("return_token_ids"):
                     choice["token_ids"] = ids
+                if choice["finish_reason"] == "stop" and double.stop_reason is not None:
+                    choice["stop_reason"] = double.stop_reason
+                if body.get("logprobs") and double.logprobs is not None:
+                    choice["logprobs"] = {"tokens": [str(t) for t in ids],
+                                          "token_logprobs": list(double.logprobs(list(body["prompt"]), ids))}
                 self._send(200, {"id": "cmpl-1", "object": "text_completion", "model": double.model,
                                  "choices": [choice], "usage": {"prompt_tokens": len(body["prompt"]),
                                                                 "completion_tokens": len(ids)}})

@@ -182,7 +182,7 @@ def test_convert_synthesizes_through_a_url_and_refuses_an_unreachable_one(cli, t
     assert done.code == 0, done.stderr
     data = done.json()["manifest"]["training"]["data"]
     assert data["synthesis_engine"] == "url" and data["probe_tokens"] > 0 and data["answers"] == 48
-    assert len(double.requests) == 48 + 2  # every prompt once, plus the probe's two
+    assert len(double.requests) == 48 + 4  # every prompt once, plus the probe's four (probe_prompts)
 
 
 def test_engine_vllm_without_vllm_stops_before_loading_anything(cli, tmp_path, target):

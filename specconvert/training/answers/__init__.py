@@ -7,9 +7,10 @@ unless it reached ``max_new_tokens``). What belongs to the interface, not to a s
   it arrives (``{"i": prompt, "r": [ids]}``, plus ``"t": turn`` for later turns of a
   conversation); a killed run keeps every complete line and resumes; a line cut by the
   kill is cut off the file before anything is appended;
-- the **probe** (:func:`probe`): before bulk work a served source must give the in-process
-  target's greedy answers to the first prompts, token for token;
-- the **fingerprint** of the answers' settings (:func:`settings_key`).
+- the **probe** (:func:`probe`): before bulk work a served source's greedy answers to the first
+  prompts are scored by the in-process target: each token its best (or a near-tie), and the
+  chosen tokens' logprobs equal within a tolerance;
+- the **fingerprint** of who answered and how (:func:`settings_key`).
 
 Sources (one module each): :mod:`.inprocess` (transformers ``generate``), :mod:`.url`
 (the user's OpenAI-compatible endpoints), :mod:`.vllm` (the project's own vLLM server,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -68,7 +69,23 @@ class AnswerSource:
         raise NotImplementedError
 
     def describe(self) -> str:
+        """A label for logs and errors: never a credential."""
         return self.name
+
+    def identity(self) -> dict[str, Any] | None:
+        """Who answers, for the cache key; None keeps the key of in-process answers made before keys named it."""
+        return None
+
+    def answer_scored(self, jobs: Sequence[tuple[Key, list[int]]], max_new_tokens: int
+                      ) -> dict[Key, tuple[list[int], list[float] | None]]:
+        """Greedy answers with the logprob of each chosen token (None where the source cannot say)."""
+        got: dict[Key, tuple[list[int], list[float] | None]] = {}
+        self.answer(jobs, max_new_tokens, GREEDY, lambda key, ids: got.__setitem__(key, (ids, None)))
+        return got
+
+    def score(self, prompt: list[int], answer: list[int]) -> list[tuple[float, int, float]]:
+        """Teacher-forced, per answer token: (its logprob, the best token, the best logprob)."""
+        raise NotImplementedError(f"{self.name} cannot score answers")
 
     def __enter__(self) -> "AnswerSource":
         return self
@@ -129,6 +146,25 @@ class AnswerCache:
             self._fh.close()
             self._fh = None
 
+    @property
+    def probe_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".probe.json")
+
+    @property
+    def probed(self) -> bool:
+        """Whether a probe passed for this cache here (a served cache copied in without one is probed again)."""
+        try:
+            return bool(json.loads(self.probe_path.read_text()).get("passed"))
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def mark_probed(self, results: Sequence["ProbeResult"]) -> None:
+        """Record the passed probe beside the cache (atomically: a torn record reads as none)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.probe_path.with_name(self.probe_path.name + ".tmp")
+        tmp.write_text(json.dumps({"passed": True, "endpoints": [r.as_dict() for r in results]}))
+        os.replace(tmp, self.probe_path)
+
 
 def read_cache(path: Path) -> tuple[dict[Key, list[int]], int]:
     """Answers in a cache file and the byte length of its complete lines.
@@ -171,44 +207,123 @@ def answer_all(source: AnswerSource, prompts: dict[Key, list[int]], cache: Answe
 # --------------------------------------------------------------------------- the probe
 
 
+@dataclass(frozen=True)
+class ProbeRule:
+    """How close a served engine must be to the in-process target (``draft.train.synthesis.probe_*``).
+
+    ``tolerance``: the largest mean |served logprob - target logprob| of the chosen tokens (nats) that is
+    numerical noise. ``tie_margin``: a served token that is not the target's best is accepted when the target
+    led it by less than this (serve-test's and tune's tie rule, ``serving.oracle.classify_divergence``).
+    """
+
+    tolerance: float | None  # None: by the in-process target's dtype (recipe.PROBE_TOLERANCE_BY_DTYPE)
+    tie_margin: float
+
+    @classmethod
+    def of(cls, recipe: Any) -> "ProbeRule":
+        """``draft.train.synthesis.probe_tolerance`` and serve-test's ``serve_test.lossless.tie_margin``."""
+        return cls(recipe.draft.train.synthesis.probe_tolerance, float(recipe.serve_test.lossless.tie_margin))
+
+    def tolerance_for(self, reference: "AnswerSource") -> float:
+        from ...recipe import PROBE_TOLERANCE_BY_DTYPE
+
+        if self.tolerance is not None:
+            return float(self.tolerance)
+        dtype = (reference.identity() or {}).get("dtype", "float32")
+        return PROBE_TOLERANCE_BY_DTYPE.get(dtype, max(PROBE_TOLERANCE_BY_DTYPE.values()))
+
+
+@dataclass
+class ProbeResult:
+    """What the probe measured on one endpoint (recorded in the manifest)."""
+
+    endpoint: str  # redacted
+    tolerance: float | None = None  # the mean gap allowed (nats)
+    tokens: int = 0  # answer tokens compared
+    logprob_tokens: int = 0  # of those, tokens whose served logprob was compared
+    mean_gap: float | None = None  # mean |served - target| logprob of the chosen tokens (nats); None: no logprobs
+    max_gap: float | None = None
+    ties: list[dict[str, Any]] = field(default_factory=list)  # served tokens that were not the target's best, at a tie
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        for k in ("mean_gap", "max_gap"):
+            out[k] = None if out[k] is None else round(out[k], 6)
+        return out
+
+
 def probe(served: AnswerSource, reference: AnswerSource, prompts: Sequence[list[int]], tokens: int,
-          token_text: Callable[[int], str], where: str = "draft.train.synthesis") -> int:
-    """Greedy answers of ``served`` to ``prompts`` must equal ``reference``'s (the in-process target) for
-    ``tokens`` tokens. Raises a one-line :class:`InputError` naming the first difference; returns the tokens compared."""
+          token_text: Callable[[int], str], where: str = "draft.train.synthesis",
+          rule: ProbeRule | None = None) -> ProbeResult:
+    """``served`` must answer ``prompts`` as ``reference`` (the in-process target) would.
+
+    ``served`` answers each prompt greedily, ``tokens`` long, with the logprob of each chosen token
+    (``answer_scored``); ``reference`` scores that answer teacher-forced (``score``: one forward). Every served
+    token must be the target's best, or lose to it by less than ``rule.tie_margin`` (a near-tie flip, decided by
+    serve-test's rule); the mean gap between the served and the target's logprob of the chosen tokens must stay
+    within ``rule.tolerance``: a light fine-tune or a requantized copy of the target gives the same first tokens
+    but other logprobs. Raises a one-line :class:`InputError` naming the first difference; returns what it measured.
+    """
+    from ...serving.oracle import classify_divergence
+
+    rule = rule or getattr(served, "probe_rule", None) or default_probe_rule()
+    tolerance = rule.tolerance_for(reference)
     jobs = [((n, 0), list(p)) for n, p in enumerate(prompts)]
-    got: dict[str, dict[Key, list[int]]] = {"served": {}, "target": {}}
-    for label, source in (("target", reference), ("served", served)):
-        source.answer(jobs, tokens, GREEDY, lambda key, answer, label=label: got[label].__setitem__(key, answer))
-    compared = 0
-    for key, _ in jobs:
-        mine, theirs = got["target"][key], got["served"][key]
-        position = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        if mine[:position] == mine and theirs[:position] == theirs:
-            compared += len(mine)
-            continue
+    scored = getattr(served, "answer_scored", None)  # a duck-typed source without it: tokens alone, no logprobs
+    answers = scored(jobs, tokens) if scored is not None else AnswerSource.answer_scored(served, jobs, tokens)
+    result = ProbeResult(served.describe(), tolerance)
+    gaps: list[float] = []
+    fix = "serve the same model (same weights and dtype) and chat template as target.model, or use engine: inprocess"
+    for key, prompt in jobs:
+        ids, served_lps = answers[key]
+        rows = reference.score(prompt, ids)
+        for position, (token, (lp, best, best_lp)) in enumerate(zip(ids, rows)):
+            if token != best:
+                margin = {"margin": round(best_lp - lp, 6), "exact": True}
+                if classify_divergence(margin, rule.tie_margin) != "tie":
+                    raise InputError(
+                        f"{where}: {served.describe()} does not answer as the target: probe prompt {key[0]}, answer "
+                        f"token {position}: served {token} ({token_text(token)!r}), target {best} ({token_text(best)!r}), "
+                        f"which the target prefers by {best_lp - lp:.3g} nats (a tie is below {rule.tie_margin:g})",
+                        fix=fix)
+                result.ties.append({"prompt": key[0], "position": position, "served": token, "target": best,
+                                    "margin": margin["margin"]})
+            if served_lps is not None:
+                gaps.append(abs(float(served_lps[position]) - lp))
+        result.tokens += len(ids)
+    if gaps:
+        result.logprob_tokens = len(gaps)
+        result.mean_gap, result.max_gap = sum(gaps) / len(gaps), max(gaps)
+        if result.mean_gap > tolerance:
+            raise InputError(
+                f"{where}: {served.describe()} gives the target's tokens with other probabilities: the chosen tokens' "
+                f"logprobs differ from the in-process target's by {result.mean_gap:.3g} nats on average over "
+                f"{len(gaps)} tokens (largest {result.max_gap:.3g}), above draft.train.synthesis.probe_tolerance "
+                f"{tolerance:g}: another checkpoint of the same model (a fine-tune, another quantization)?",
+                fix=fix + "; a lower-precision deployment of the same weights may need a larger probe_tolerance")
+    return result
 
-        def show(ids: list[int]) -> str:
-            return f"{ids[position]} ({token_text(ids[position])!r})" if position < len(ids) else "end of answer"
 
-        raise InputError(
-            f"{where}: {served.describe()} does not answer as the target: probe prompt {key[0]}, answer token "
-            f"{position}: served {show(theirs)}, target {show(mine)}",
-            fix="serve the same model (same dtype) and chat template as target.model, or use engine: inprocess",
-        )
-    return compared
+def default_probe_rule() -> ProbeRule:
+    """The schema's defaults (a source built without a recipe, as in tests)."""
+    from ...recipe import LosslessSpec, SynthesisSpec
+
+    return ProbeRule(SynthesisSpec().probe_tolerance, LosslessSpec().tie_margin)
 
 
 # --------------------------------------------------------------------------- the factory
 
 
-def settings_key(engine: str, sampling: Sampling) -> dict[str, Any] | None:
-    """The part of the synthesis fingerprint the source settings add (None: today's in-process greedy key).
+def settings_key(identity: dict[str, Any] | None, sampling: Sampling) -> dict[str, Any] | None:
+    """The part of the synthesis fingerprint the source adds (None: today's in-process greedy key).
 
-    Served engines share one key: the probe has shown they give the target's own answers.
+    ``identity``: who answers (``AnswerSource.identity()``: engine kind, served model id, redacted endpoints,
+    request_extra; for in-process, the target's dtype and device), None for in-process greedy answers as
+    before (old caches stay valid).
     """
     parts: dict[str, Any] = {}
-    if engine != "inprocess":
-        parts["engine"] = "served"
+    if identity:
+        parts["answered_by"] = identity
     if sampling.as_key():
         parts["sampling"] = sampling.as_key()
     return parts or None

@@ -22,6 +22,26 @@ class InProcessSource(AnswerSource):
         self.pad_id = int(pad_id)
         self.batch_size = int(batch_size)
 
+    def identity(self) -> dict[str, Any]:
+        """In-process answers depend on the dtype and device the target runs in (kernels differ)."""
+        param = next(self.model.parameters())
+        return {"engine": "inprocess", "dtype": str(param.dtype).replace("torch.", ""), "device": param.device.type}
+
+    def score(self, prompt: list[int], answer: list[int]) -> list[tuple[float, int, float]]:
+        """One teacher-forced forward over prompt + answer: per answer token (its logprob, best token, best logprob)."""
+        import torch
+
+        if not answer:
+            return []
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([list(prompt) + list(answer)], dtype=torch.long, device=device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(answer)]
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        best_lp, best = logprobs.max(dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(answer, device=device).unsqueeze(1)).squeeze(1)
+        return [(float(c), int(b), float(m)) for c, b, m in zip(chosen.tolist(), best.tolist(), best_lp.tolist())]
+
     def answer(self, jobs: Sequence[tuple[Key, list[int]]], max_new_tokens: int, sampling: Sampling, emit: Emit) -> None:
         import torch
 
