@@ -500,6 +500,34 @@ class SyntheticSpec(_Strict):
         return self
 
 
+class NGramSpec(_Strict):
+    """The n-gram (prompt lookup) arm of `bench.baselines`: free speculation, no head."""
+
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=16,
+        description="Tokens drafted per step from an n-gram match (vLLM `num_speculative_tokens`, TensorRT-LLM "
+        "`max_draft_len`, SGLang `--speculative-num-draft-tokens` minus one); null = `build.max_draft_len`, the "
+        "head's own chain, so both arms draft as far.",
+    )
+    prompt_lookup_max: int = Field(
+        4, ge=1, le=32,
+        description="Longest suffix of the context looked up (vLLM `prompt_lookup_max`, TensorRT-LLM "
+        "`max_matching_ngram_size`, SGLang `--speculative-ngram-max-match-window-size`).",
+    )
+    prompt_lookup_min: int = Field(
+        2, ge=1, le=32,
+        description="Shortest suffix looked up (vLLM `prompt_lookup_min`, SGLang "
+        "`--speculative-ngram-min-match-window-size`; TensorRT-LLM has no minimum).",
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> "NGramSpec":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} must be <= prompt_lookup_max "
+                             f"{self.prompt_lookup_max}")
+        return self
+
+
 class BenchSpec(_Strict):
     """`specconvert bench`: speculative vs baseline latency and throughput through the OpenAI-compatible HTTP API."""
 
@@ -533,6 +561,14 @@ class BenchSpec(_Strict):
         "`auto` = `[build.max_draft_len]` (the recipe's own setting) when the bundle carries a `specconvert tune` "
         "result, else none; `[]` = none; e.g. `[1, 2, 3]` = every chain length. Needs servers bench starts (not `--url`).",
     )
+    baselines: list[Literal["ngram", "suffix"]] = Field(
+        default_factory=list,
+        description="Free-speculation arms (no head) run interleaved beside the bundle and the baseline, each with "
+        "tau, speedup and a lossless check against plain decoding: `ngram` = prompt lookup (`bench.ngram`; vLLM, "
+        "TensorRT-LLM; `build` also writes each engine's n-gram launch), `suffix` = vLLM suffix decoding (needs "
+        "`arctic-inference` in vLLM's environment). `[]` = none.",
+    )
+    ngram: NGramSpec = Field(default_factory=NGramSpec, description="Settings of the `ngram` arm of `bench.baselines`.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every request; 0 = greedy.")
     seed: int = Field(0, description="Seed of prompt order, synthetic prompts and the request `seed` field.")
     model: str | None = Field(None, description="Model name for the speculative endpoint; default: the first one `GET /v1/models` lists.")
@@ -569,6 +605,8 @@ class BenchSpec(_Strict):
                 raise ValueError(f"fixed_draft_lens: chain lengths must be 1..16, got {bad} (the baseline is the 0 arm)")
             if len(set(self.fixed_draft_lens)) != len(self.fixed_draft_lens):
                 raise ValueError(f"fixed_draft_lens lists a length twice: {self.fixed_draft_lens}")
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ValueError(f"baselines lists an arm twice: {self.baselines}")
         return self
 
 

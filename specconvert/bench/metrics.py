@@ -284,3 +284,41 @@ def speedups(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], seed: int =
     per_pair = [pair_ratios(b, s) for b, s in pairs]
     keys = ("output_tokens_per_s", "e2e_mean", "tpot_mean", "ttft_mean")
     return {key: ratio_summary([p[key] for p in per_pair if p[key] is not None], seed=seed) for key in keys}
+
+
+# --------------------------------------------------------------------------- lossless against plain decoding
+
+
+def lossless(pairs: Sequence[tuple[Sequence[RequestRecord], Sequence[RequestRecord]]],
+             temperature: float = 0.0) -> dict[str, Any]:
+    """Whether an arm's outputs equal plain decoding's, token id for token id.
+
+    ``pairs``: (baseline records, arm records) of the same level and repeat; requests are matched by payload index,
+    so each pair compares the same prompt and seed. Greedy only: a sampled request's output differs by design.
+    ``lossless`` is None when nothing could be compared (no token ids, failed requests), else whether every compared
+    request matched; ``divergences`` names the first few (request index, first differing position).
+    """
+    if temperature > 0:
+        return {"lossless": None, "compared": 0, "identical": 0, "divergences": [],
+                "why": f"sampled requests (temperature {temperature:g}): outputs differ by design"}
+    compared = identical = 0
+    divergences: list[dict[str, Any]] = []
+    for base_records, arm_records in pairs:
+        base = {r.index: r for r in base_records if r.ok and r.token_ids is not None}
+        for record in arm_records:
+            other = base.get(record.index)
+            if other is None or not record.ok or record.token_ids is None:
+                continue
+            compared += 1
+            if record.token_ids == other.token_ids:
+                identical += 1
+                continue
+            position = next((i for i, (a, b) in enumerate(zip(record.token_ids, other.token_ids)) if a != b),
+                            min(len(record.token_ids), len(other.token_ids)))
+            if len(divergences) < 5:
+                divergences.append({"request": record.index, "position": position})
+    out: dict[str, Any] = {"lossless": (identical == compared) if compared else None, "compared": compared,
+                           "identical": identical, "divergences": divergences}
+    if not compared:
+        out["why"] = "no request pair carried token ids on both sides"
+    return out

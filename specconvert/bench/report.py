@@ -27,6 +27,12 @@ DEFINITIONS = {
     "the median over the pairs",
     "fixed-kN": "an arm serving the same head with a fixed chain of N drafted tokens (bench.fixed_draft_lens), "
     "interleaved with the others; `speculative` is the bundle as built (tuned when it carries a tune result)",
+    "free arms": "bench.baselines: speculation without a head on the same engine (`ngram`: prompt lookup; `suffix`: "
+    "suffix decoding), interleaved with the others; each reports tau, the speedup over plain decoding and `lossless`. "
+    "vLLM counts a draft only on steps that drafted something, so an n-gram arm's counter tau covers its matching "
+    "steps; `tokens_per_step` (tokens per streamed chunk) counts every step",
+    "lossless": "per level, each arm's greedy token ids against plain decoding's for the same request and repeat: "
+    "`lossless` true when every compared request is identical, with the first divergences (request, position)",
     "versus_best": "per level, runs pooled: the bundle's output tok/s / the best of the baseline and every fixed arm "
     "(the tuning target: >= 0.97) and / the baseline's (>= 1.0)",
     "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
@@ -69,6 +75,42 @@ def _side(report: dict[str, Any], label: str) -> str:
     return label
 
 
+def arm_entry(level: dict[str, Any], label: str) -> dict[str, Any]:
+    """One arm's per-level block: acceptance, speedup over the baseline and lossless (the bundle's sits on the level)."""
+    if label == "speculative":
+        return {"acceptance": level.get("acceptance"), "speedup": level.get("speedup"), "lossless": level.get("lossless")}
+    return (level.get("fixed") or {}).get(label) or (level.get("free") or {}).get(label) or {}
+
+
+def _lossless_text(value: dict[str, Any] | None) -> str:
+    if not value or value.get("lossless") is None:
+        return "–" if not value else f"– ({value.get('why', 'not compared')})"
+    if value["lossless"]:
+        return f"yes ({value['identical']}/{value['compared']})"
+    first = value["divergences"][0] if value.get("divergences") else {}
+    return f"**NO** ({value['identical']}/{value['compared']}; request {first.get('request')} at token {first.get('position')})"
+
+
+def side_by_side(report: dict[str, Any]) -> list[str]:
+    """Head vs free speculation vs fixed chains vs plain decoding, per concurrency: tau, speedup, lossless."""
+    labels = [label for label in arm_labels(report) if label != "baseline"]
+    lines = ["### Arms side by side (speedup over plain decoding: median [min–max] over run pairs)", "",
+             "| concurrency | arm | τ | tokens/step | output tok/s | speedup | lossless |", "|---:|---|---:|---:|---:|---|---|"]
+    for level in report["levels"]:
+        base = level.get("baseline") or {}
+        lines.append(f"| {level['concurrency']} | plain | 1.00 | 1.00 | {_num(base.get('output_tokens_per_s'), 1)} | 1× | – |")
+        for label in labels:
+            arm, summary = arm_entry(level, label), level.get(label) or {}
+            acc = arm.get("acceptance") or {}
+            chunks = acc.get("chunk_estimate") if acc.get("chunk_estimate") is not None else (
+                acc.get("acceptance_length") if acc.get("estimate") else None)
+            lines.append(f"| {level['concurrency']} | {_side(report, label)} | {_acceptance_text(acc)} | {_num(chunks)} | "
+                         f"{_num(summary.get('output_tokens_per_s'), 1)} | "
+                         f"{_ratio((arm.get('speedup') or {}).get('output_tokens_per_s'))} | "
+                         f"{_lossless_text(arm.get('lossless'))} |")
+    return lines + [""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (paste into a PR)."""
     lines: list[str] = []
@@ -82,6 +124,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- baseline: `{base_ep['model']}` at {base_ep['url']}")
     for arm in report.get("arms") or []:
         if arm["label"].startswith("fixed-k"):
+            ep = report["endpoints"].get(arm["label"]) or {}
+            lines.append(f"- {arm['label']}: `{ep.get('model')}` at {ep.get('url')} ({arm['setting']})")
+        elif arm.get("free"):
             ep = report["endpoints"].get(arm["label"]) or {}
             lines.append(f"- {arm['label']}: `{ep.get('model')}` at {ep.get('url')} ({arm['setting']})")
         elif arm["label"] == "speculative":
@@ -107,6 +152,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {level['concurrency']} | {_ratio(sp.get('output_tokens_per_s'))} | {_ratio(sp.get('e2e_mean'))} "
                          f"| {_ratio(sp.get('tpot_mean'))} | {_acceptance_text(level.get('acceptance'))} |")
         lines.append("")
+    if base_ep and any(level.get("free") or level.get("fixed") for level in report["levels"]):
+        lines += side_by_side(report)
     if any(level.get("versus_best") for level in report["levels"]):
         fixed = [label for label in arm_labels(report) if label.startswith("fixed-k")]
         lines.append("### The bundle against fixed settings (output tok/s, runs of one level pooled)")
@@ -296,7 +343,7 @@ def print_summary(report: dict[str, Any]) -> None:
                 ratio = (level.get("speedup") or {}).get("output_tokens_per_s") or {}
                 acc = _acceptance_text(level.get("acceptance"))
             else:
-                arm = (level.get("fixed") or {}).get(label) or {}
+                arm = arm_entry(level, label)
                 ratio = (arm.get("speedup") or {}).get("output_tokens_per_s") or {}
                 acc = _acceptance_text(arm.get("acceptance"))
             speed = f"{ratio['median']:.2f}×" if label != "baseline" and ratio.get("median") is not None else ""
