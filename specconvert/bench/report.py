@@ -33,6 +33,9 @@ DEFINITIONS = {
     "steps; `tokens_per_step` (tokens per streamed chunk) counts every step",
     "lossless": "per level, each arm's greedy token ids against plain decoding's for the same request and repeat: "
     "`lossless` true when every compared request is identical, with the first divergences (request, position)",
+    "categories": "per level, per prompt category (the prompt's `category` field): each arm's tau and per-position "
+    "acceptance estimated from its stream chunks (engine counters are per run, not per request), and the speedup = the "
+    "arm's output tokens per second of request time / plain decoding's, over the same requests",
     "versus_best": "per level, runs pooled: the bundle's output tok/s / the best of the baseline and every fixed arm "
     "(the tuning target: >= 0.97) and / the baseline's (>= 1.0)",
     "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
@@ -111,6 +114,24 @@ def side_by_side(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def grouped_table(report: dict[str, Any], key: str, title: str, column: str) -> list[str]:
+    """A per-group table (``key``: ``categories`` or ``input_lengths``) of every non-baseline arm, every level."""
+    if not any(level.get(key) for level in report["levels"]):
+        return []
+    lines = [f"### {title}", "", f"| concurrency | {column} | requests | arm | τ (chunks) | accepted per position | speedup |",
+             "|---:|---|---:|---|---:|---|---:|"]
+    for level in report["levels"]:
+        for group, entry in (level.get(key) or {}).items():
+            for label, arm in entry["arms"].items():
+                if label == "baseline":
+                    continue
+                positions = " ".join(_num(p) for p in arm.get("per_position") or []) or "–"
+                speed = f"{arm['speedup']:.2f}×" if arm.get("speedup") else "–"
+                lines.append(f"| {level['concurrency']} | {group} | {entry['requests']} | {_side(report, label)} | "
+                             f"{_num(arm.get('acceptance_length'))} | {positions} | {speed} |")
+    return lines + [""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (paste into a PR)."""
     lines: list[str] = []
@@ -169,6 +190,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             base = f"{vb['ratio_to_baseline']:.3f}×" if vb.get("ratio_to_baseline") else "–"
             lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + f" | {best} | {base} |")
         lines.append("")
+    lines += grouped_table(report, "categories", "Acceptance per category (stream-chunk estimate; speedup over plain "
+                           "decoding in tokens per second of request time)", "category")
     lines.append("### Latency and throughput (runs of one level pooled; ms)")
     lines.append("")
     lines.append("| side | conc. | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | tok/s | tok/s/user | req/s | failed |")
@@ -304,7 +327,35 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.set_axis_off()
     fig.tight_layout()
     written["acceptance"] = _save(fig, out_dir / "acceptance_per_position.png", plt)
+    for key, name, xlabel in (("categories", "acceptance_per_category.png", "category"),):
+        if any(lv.get(key) for lv in levels):
+            written[key] = _grouped_plot(report, key, out_dir / name, xlabel, colors, plt)
     return written
+
+
+def _grouped_plot(report: dict[str, Any], key: str, path: Path, xlabel: str, colors: dict[str, str], plt: Any) -> str:
+    """tau (left) and speedup (right) per group, one bar per non-baseline arm, at the first level that has groups."""
+    level = next(lv for lv in report["levels"] if lv.get(key))
+    groups = list(level[key])
+    labels = [label for label in arm_labels(report) if label != "baseline"
+              and any(label in level[key][g]["arms"] for g in groups)]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) + 4), 4))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(groups))]
+        arms = [level[key][g]["arms"].get(label) or {} for g in groups]
+        for ax, field in zip(axes, ("acceptance_length", "speedup")):
+            ax.bar(xs, [a.get(field) or 0 for a in arms], width, color=colors.get(label, "black"), label=label)
+    for ax, ylabel in zip(axes, ("τ (tokens per step, stream chunks)", "speedup over plain decoding (×)")):
+        ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"concurrency {level['concurrency']}")
+    fig.tight_layout()
+    return _save(fig, path, plt)
 
 
 def _concurrency_axis(ax: Any, levels: list[int]) -> None:

@@ -94,9 +94,10 @@ def build_payloads(bench: Any, base_dir: Path, api: str,
     samples, used = loaded or load_prompt_samples(bench.prompts, base_dir)
     order = list(range(len(samples)))
     rng.shuffle(order)
-    payloads = []
+    payloads, categories = [], []
     for i in range(bench.num_requests):
         sample = samples[order[i % len(order)]]
+        categories.append(sample.get("category"))
         body: dict[str, Any] = {**common, "max_tokens": bench.max_tokens, "seed": bench.seed + i}
         if bench.ignore_eos:
             body["ignore_eos"] = True
@@ -105,5 +106,8 @@ def build_payloads(bench: Any, base_dir: Path, api: str,
         else:
             body["prompt"] = sample_text(sample)
         payloads.append(body)
-    return payloads, {"prompts": used, "requested_prompts": bench.prompts, "api": api, "samples": len(samples),
-                      "max_tokens": bench.max_tokens, "ignore_eos": bench.ignore_eos}
+    workload = {"prompts": used, "requested_prompts": bench.prompts, "api": api, "samples": len(samples),
+                "max_tokens": bench.max_tokens, "ignore_eos": bench.ignore_eos}
+    if any(categories):  # a prompt's category (its `category` field), per payload: the report's per-category table
+        workload["categories"] = categories
+    return payloads, workload

@@ -466,12 +466,14 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
     for level in measured["levels"]:
         entry: dict[str, Any] = {"concurrency": level}
         arms: dict[str, Any] = {}
+        level_records: dict[str, list[M.RequestRecord]] = {}
         for label in ["baseline", *fixed_labels, *free_labels, "speculative"]:
             mine = [r for r in runs if r["label"] == label and r["concurrency"] == level]
             if not mine:
                 entry[label] = None
                 continue
             recs = [rec for r in mine for rec in r["_records"]]
+            level_records[label] = recs
             all_records.extend(recs)
             entry[label] = M.summarize_run(recs, sum(r["summary"]["duration_s"] or 0 for r in mine))
             if label == "baseline":
@@ -500,6 +502,9 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         if any(label in arms for label in free_labels):
             entry["free"] = {label: arms[label] for label in free_labels if label in arms}
         entry["versus_best"] = versus_best(entry, labels) if len(labels) > 2 else None
+        if workload.get("categories"):
+            entry["categories"] = M.grouped(level_records, workload["categories"],
+                                            {label: draft_len_of(draft_lens, label, level) for label in level_records})
         levels.append(entry)
     acceptance = _acceptance(all_spec_items, all_spec_records, draft_len_of(draft_lens, "speculative"), all_counted)
     gate = None
