@@ -569,6 +569,14 @@ class BenchSpec(_Strict):
         "`arctic-inference` in vLLM's environment). `[]` = none.",
     )
     ngram: NGramSpec = Field(default_factory=NGramSpec, description="Settings of the `ngram` arm of `bench.baselines`.")
+    context_lengths: list[StrictInt] = Field(
+        default_factory=list,
+        description="Acceptance per context length: instead of `bench.prompts`, each run's requests go round-robin over "
+        "these input lengths in tokens (e.g. `[256, 1024, 4096]`), each prompt built from whole documents (Python's "
+        "own documentation topics) followed by a question about them, not padding; output fixed at `bench.max_tokens` "
+        "(`ignore_eos`). Every length plus `max_tokens` must fit `build.max_seq_len`. The report gives tau and the "
+        "speedup per length, and warns when the context is far beyond the head's training `seq_len`. `[]` = off.",
+    )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every request; 0 = greedy.")
     seed: int = Field(0, description="Seed of prompt order, synthetic prompts and the request `seed` field.")
     model: str | None = Field(None, description="Model name for the speculative endpoint; default: the first one `GET /v1/models` lists.")
@@ -607,6 +615,11 @@ class BenchSpec(_Strict):
                 raise ValueError(f"fixed_draft_lens lists a length twice: {self.fixed_draft_lens}")
         if len(set(self.baselines)) != len(self.baselines):
             raise ValueError(f"baselines lists an arm twice: {self.baselines}")
+        if any(n < 16 for n in self.context_lengths) or len(set(self.context_lengths)) != len(self.context_lengths):
+            raise ValueError(f"context_lengths: distinct input lengths of at least 16 tokens, got {self.context_lengths}")
+        if self.context_lengths and self.num_requests < len(self.context_lengths):
+            raise ValueError(f"context_lengths: {len(self.context_lengths)} lengths need num_requests >= "
+                             f"{len(self.context_lengths)} (the requests go round-robin over the lengths)")
         return self
 
 

@@ -359,6 +359,9 @@ def grouped(arms: dict[str, Sequence[RequestRecord]], group_of: Sequence[Any],
     out: dict[str, Any] = {}
     for group in groups:
         entry: dict[str, Any] = {"requests": sum(1 for g in group_of if g == group), "arms": {}}
+        counted = [r.prompt_tokens for records in arms.values() for r in records
+                   if group_of[r.index] == group and r.prompt_tokens]
+        entry["prompt_tokens_mean"] = statistics.fmean(counted) if counted else None  # as the server counted them
         base = user_rate([r for r in arms.get("baseline", []) if group_of[r.index] == group])
         for label, records in arms.items():
             mine = [r for r in records if group_of[r.index] == group]

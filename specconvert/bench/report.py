@@ -36,6 +36,9 @@ DEFINITIONS = {
     "categories": "per level, per prompt category (the prompt's `category` field): each arm's tau and per-position "
     "acceptance estimated from its stream chunks (engine counters are per run, not per request), and the speedup = the "
     "arm's output tokens per second of request time / plain decoding's, over the same requests",
+    "input_lengths": "bench.context_lengths: per level, per requested input length (documents + a question, output "
+    "fixed at max_tokens): tau and per-position acceptance from the stream chunks, the speedup over plain decoding in "
+    "tokens per second of request time, and the prompt tokens the server counted",
     "versus_best": "per level, runs pooled: the bundle's output tok/s / the best of the baseline and every fixed arm "
     "(the tuning target: >= 0.97) and / the baseline's (>= 1.0)",
     "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
@@ -132,6 +135,27 @@ def grouped_table(report: dict[str, Any], key: str, title: str, column: str) -> 
     return lines + [""]
 
 
+def context_section(report: dict[str, Any]) -> list[str]:
+    """Acceptance per input length, with the head's training length and the warning when it is far exceeded."""
+    context = report.get("context") or {}
+    lines = grouped_table(report, "input_lengths", "Acceptance per input length (tokens; stream-chunk estimate; "
+                          "output fixed at max_tokens)", "input length")
+    if not lines and not context.get("warning"):
+        return []
+    if context.get("head_seq_len") is not None or context.get("warning"):
+        lines.insert(2, f"The head was trained on sequences of {context.get('head_seq_len') or 'unknown'} tokens; "
+                     f"the bundle serves up to {context.get('serving_context')}."
+                     + (f" **Warning:** {context['warning']}." if context.get("warning") else "") + "\n")
+    for level in report["levels"]:
+        measured = {g: e.get("prompt_tokens_mean") for g, e in (level.get("input_lengths") or {}).items()}
+        if any(measured.values()):
+            lines.append(f"Prompt tokens as the server counted them (concurrency {level['concurrency']}): "
+                         + ", ".join(f"{g} → {_num(v, 0)}" for g, v in measured.items()) + ".")
+            lines.append("")
+            break
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (paste into a PR)."""
     lines: list[str] = []
@@ -192,6 +216,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     lines += grouped_table(report, "categories", "Acceptance per category (stream-chunk estimate; speedup over plain "
                            "decoding in tokens per second of request time)", "category")
+    lines += context_section(report)
     lines.append("### Latency and throughput (runs of one level pooled; ms)")
     lines.append("")
     lines.append("| side | conc. | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | tok/s | tok/s/user | req/s | failed |")
@@ -327,7 +352,8 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.set_axis_off()
     fig.tight_layout()
     written["acceptance"] = _save(fig, out_dir / "acceptance_per_position.png", plt)
-    for key, name, xlabel in (("categories", "acceptance_per_category.png", "category"),):
+    for key, name, xlabel in (("categories", "acceptance_per_category.png", "category"),
+                              ("input_lengths", "acceptance_per_input_length.png", "input tokens (requested)")):
         if any(lv.get(key) for lv in levels):
             written[key] = _grouped_plot(report, key, out_dir / name, xlabel, colors, plt)
     return written

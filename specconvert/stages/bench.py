@@ -111,6 +111,7 @@ def _run(
     loaded = load_prompt_samples(bench.prompts, base_dir) if bench.prompts != "synthetic" else None
     api = resolve_api(bench.api, loaded[0] if loaded else None)
     payloads, workload = build_payloads(bench, base_dir, api, loaded)
+    context = context_check(bench, recipe)
     inputs = {
         "bench": bench.model_dump(mode="json"),
         "url": redact_url(url),
@@ -160,6 +161,7 @@ def _run(
             measured["servers_together"] = {"together": together, "why": why}
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
                            servers=server_info, tuned=tuned, fixed_labels=fixed_labels, free_labels=free)
+        report["context"] = context
         trt = None
         if bench_script is not None:
             from ..bench.trtllm_bench import run_trtllm_bench
@@ -234,6 +236,40 @@ def free_arms(bench: Any, recipe: Any, url: str | None, recipe_path: Path | None
                 fix="install arctic-inference==0.1.1 into that environment (on the CPU build it is a source "
                 "package that compiles against torch 2.7: see docs/bench.md), or --set bench.baselines=[ngram]")
     return arms
+
+
+# Far beyond: a head trained on sequences of N tokens, served at more than this many times N.
+FAR_BEYOND = 2
+
+
+def context_check(bench: Any, recipe: Any) -> dict[str, Any]:
+    """The context bench serves against the head's training ``seq_len`` (convert manifest): exit 2 when a swept length
+    plus ``max_tokens`` exceeds ``build.max_seq_len``; a warning when the context is more than FAR_BEYOND times the
+    sequences the head was trained on (the per-length table then shows what that costs)."""
+    lengths = list(getattr(bench, "context_lengths", None) or [])
+    info: dict[str, Any] = {"swept": lengths, "head_seq_len": None, "serving_context": None, "warning": None}
+    if recipe is None:
+        return info
+    info["serving_context"] = recipe.build.max_seq_len
+    too_long = [n for n in lengths if n + bench.max_tokens > recipe.build.max_seq_len]
+    if too_long:
+        raise InputError(f"bench.context_lengths: {too_long} plus bench.max_tokens {bench.max_tokens} exceed "
+                         f"build.max_seq_len {recipe.build.max_seq_len}",
+                         fix=f"use lengths up to {recipe.build.max_seq_len - bench.max_tokens}, or raise build.max_seq_len")
+    convert = read_manifest(recipe.workdir_path / "convert") or {}
+    train = (((convert.get("inputs") or {}).get("recipe") or {}).get("draft") or {}).get("train") or {}
+    seq_len = train.get("seq_len")
+    info["head_seq_len"] = seq_len
+    info["head_seq_len_source"] = ("draft.train.seq_len of the convert that trained the head" if seq_len else
+                                   "unknown: the head was not trained by specconvert convert")
+    context = max([n + bench.max_tokens for n in lengths] or [recipe.build.max_seq_len])
+    if seq_len and context > FAR_BEYOND * seq_len:
+        info["warning"] = (f"the head was trained on sequences of {seq_len} tokens and is served at up to {context} "
+                           f"({context / seq_len:.1f}x): acceptance usually falls with context beyond training"
+                           + ("; the per-length table measures it" if lengths else
+                              "; measure it with bench.context_lengths"))
+        output.warn(f"bench: {info['warning']}")
+    return info
 
 
 def _free_draft_len(recipe: Any, bench: Any) -> int:
@@ -502,6 +538,9 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         if any(label in arms for label in free_labels):
             entry["free"] = {label: arms[label] for label in free_labels if label in arms}
         entry["versus_best"] = versus_best(entry, labels) if len(labels) > 2 else None
+        if workload.get("input_lengths"):
+            entry["input_lengths"] = M.grouped(level_records, workload["input_lengths"],
+                                               {label: draft_len_of(draft_lens, label, level) for label in level_records})
         if workload.get("categories"):
             entry["categories"] = M.grouped(level_records, workload["categories"],
                                             {label: draft_len_of(draft_lens, label, level) for label in level_records})

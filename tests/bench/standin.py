@@ -26,6 +26,7 @@ class Script:
     metrics: bool = True
     fail_model: str | None = None  # requests for this model answer HTTP 500
     chunk_by_word: dict = field(default_factory=dict)  # a word in the prompt -> the speculative chunk size for it
+    long_prompt: tuple = ()  # (characters, chunk size): prompts longer than that get that speculative chunk size
     perf: list = field(default_factory=list)
     seen: list = field(default_factory=list)  # (model, concurrency in flight at arrival)
     in_flight: int = 0
@@ -61,6 +62,8 @@ def create_app(script: Script):
         for word, chunk in script.chunk_by_word.items():
             if word in prompt and not model.endswith("-baseline"):
                 size = chunk
+        if script.long_prompt and len(prompt) > script.long_prompt[0] and not model.endswith("-baseline"):
+            size = script.long_prompt[1]
         script.in_flight += 1
         script.seen.append((model, script.in_flight))
 
