@@ -793,6 +793,12 @@ class ServeTestSpec(_Strict):
         ge=1,
         description="Lowest acceptable mean acceptance length tau (tokens per target forward, over all prompts).",
     )
+    min_acceptance_length_per_category: dict[str, Annotated[float, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="Floors on tau per prompt category (a prompt's `category` field in `serve_test.prompts`), e.g. "
+        "`{code: 2.2, translation: 1.6}`: one check per category, over that category's prompts, from the same "
+        "per-request source as `min_acceptance_length`. A category no prompt carries is bad input (exit 2).",
+    )
     startup_timeout_s: float = Field(
         600, gt=0, description="Seconds the server may take to answer `GET /health` before serve-test gives up."
     )

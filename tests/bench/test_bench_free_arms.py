@@ -124,3 +124,17 @@ def test_lossless_pairs_requests_by_index_and_names_the_first_divergence():
     assert lossless([([_rec(0, None)], [_rec(0, [1])])])["lossless"] is None
     # a shorter output that agrees so far diverges where it ends
     assert lossless([([_rec(0, [1, 2])], [_rec(0, [1])])])["divergences"] == [{"request": 0, "position": 1}]
+
+
+def test_lossless_compares_chat_streams_that_open_with_a_role_only_chunk(cli, tuned_bundle, fake_vllm, tmp_path):  # noqa: F811
+    """vLLM opens a streamed chat completion with a role-only chunk that carries no token_ids; the ids of the chunks
+    after it are the output's, so the lossless check still compares (it compared nothing on real vLLM before)."""
+    root, path = tuned_bundle
+    exe, _ = fake_vllm
+    out = tmp_path / "bench"
+    quick_chat = [a if a != "bench.prompts=synthetic" else "bench.prompts=builtin:bench-smoke" for a in QUICK]
+    result = cli("bench", path, *_vllm(exe), "--set", "bench.baselines=[ngram]", "--set", "bench.repeats=1",
+                 "--set", "bench.concurrency=[1]", "--set", "bench.api=chat", "--out", out, *quick_chat)
+    assert result.code == 0, result.stderr[-2000:]
+    level = json.loads((out / "report.json").read_text())["levels"][0]
+    assert level["free"]["ngram"]["lossless"]["compared"] == 2 and level["free"]["ngram"]["lossless"]["lossless"] is True

@@ -22,6 +22,7 @@ matches on every other decode step and accepts ``FAKE_VLLM_NGRAM_ACCEPT`` (defau
 counters tau 2, tokens per step 1.5. vLLM refuses ``ngram`` with ``prompt_lookup_min > prompt_lookup_max``
 and ``suffix`` without ``arctic_inference`` (``FAKE_VLLM_NO_ARCTIC=1``: the package is absent, and asking
 whether it imports answers no).
+``FAKE_VLLM_ACCEPT_BY_WORD=word:A,...``: requests whose prompt holds ``word`` accept A per step instead.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
 ``FAKE_VLLM_LOSSY_K=N``: the server with ``num_speculative_tokens`` N streams token id 3 as 1003
 (``FAKE_VLLM_LOSSY_METHOD=ngram``: the server with that method).
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> None:
                     req["steps"] += 1
                     group = [req["next"]]
                 else:
-                    group = list(range(req["next"], min(req["n"], req["next"] + 1 + (min(accept, k) if k else 0))))
+                    group = list(range(req["next"], min(req["n"], req["next"] + 1 + (min(req["accept"], k) if k else 0))))
                     req["steps"] = req.get("steps", 0) + 1
                     if k:  # a short last step (max_tokens reached) accepted fewer
                         accepted = len(group) - 1
@@ -110,13 +111,17 @@ def main(argv: list[str]) -> None:
                     running.remove(req)
                     req["queue"].put_nowait(None)
 
-    async def steps(n):
+    by_word = dict((w, int(a)) for w, a in (item.split(":") for item in
+                                              os.environ.get("FAKE_VLLM_ACCEPT_BY_WORD", "").split(",") if item))
+
+    async def steps(n, prompt=""):
         """Token-id groups per engine step: the prefill's token, then 1 + accepted drafts per verify step."""
         if not engine_task:
             engine_task.append(asyncio.create_task(engine()))
         if n <= 0:
             return
-        req = {"n": n, "next": 0, "queue": asyncio.Queue(), "since": time.monotonic()}
+        mine = next((a for w, a in by_word.items() if w in prompt), accept)
+        req = {"n": n, "next": 0, "queue": asyncio.Queue(), "since": time.monotonic(), "accept": mine}
         waiting.append(req)
         while (group := await req["queue"].get()) is not None:
             yield group
@@ -144,8 +149,9 @@ def main(argv: list[str]) -> None:
         n = int(body.get("max_tokens", 16))
         text = lambda g: "".join(f"t{t} " for t in g)  # noqa: E731
         with_ids = bool(body.get("return_token_ids"))
+        prompt = json.dumps(body.get("messages") or body.get("prompt"))
         if not body.get("stream"):
-            ids = [t async for g in steps(n) for t in g]
+            ids = [t async for g in steps(n, prompt) for t in g]
             choice = ({"index": 0, "message": {"role": "assistant", "content": text(ids)}, "finish_reason": "length"}
                       if is_chat else {"index": 0, "text": text(ids), "finish_reason": "length"})
             if with_ids:
@@ -157,7 +163,9 @@ def main(argv: list[str]) -> None:
 
         async def events():
             sent = 0
-            async for g in steps(n):
+            if is_chat:  # vLLM opens a chat stream with the role alone: no content, no token_ids key
+                yield f"data: {json.dumps({'model': name, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+            async for g in steps(n, prompt):
                 sent += len(g)
                 delta = ({"index": 0, "delta": {"content": text(g)}, "finish_reason": None} if is_chat
                          else {"index": 0, "text": text(g), "finish_reason": None})
