@@ -138,3 +138,45 @@ def test_lossless_compares_chat_streams_that_open_with_a_role_only_chunk(cli, tu
     assert result.code == 0, result.stderr[-2000:]
     level = json.loads((out / "report.json").read_text())["levels"][0]
     assert level["free"]["ngram"]["lossless"]["compared"] == 2 and level["free"]["ngram"]["lossless"]["lossless"] is True
+
+
+def _fake_trtllm(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    from tests.bench.test_bench_servers import SERVING
+
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "trtllm-serve"
+    exe.write_text(f"#!{sys.executable}\n" + (SERVING / "fake_trtllm_serve.py").read_text())
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_on_trtllm_the_ngram_arm_serves_builds_ngram_options(cli, tmp_path, monkeypatch):
+    from tests.bench.test_bench_servers import trtllm_bundle
+
+    recipe = trtllm_bundle(tmp_path)
+    ngram = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 4},
+             "kv_cache_config": {"free_gpu_memory_fraction": 0.85}}
+    (tmp_path / "work" / "engine" / "trtllm" / "ngram.yaml").write_text(yaml.safe_dump(ngram))
+    _fake_trtllm(tmp_path, monkeypatch)
+    result = cli("bench", recipe, "--set", "bench.baselines=[ngram]")
+    assert result.code == 0, result.stderr
+    out = tmp_path / "work" / "bench"
+    report = json.loads((out / "report.json").read_text())
+    assert [s["label"] for s in report["servers"]] == ["speculative", "baseline", "ngram"]
+    served = yaml.safe_load((out / "ngram_options.yaml").read_text())
+    assert served["speculative_config"]["decoding_type"] == "NGram"
+    assert served["kv_cache_config"]["free_gpu_memory_fraction"] == pytest.approx(0.85 / 3, abs=1e-3)  # three share
+    assert "ngram" in report["levels"][0]["free"]
+
+
+def test_on_trtllm_a_bundle_built_without_the_arm_says_to_build(cli, tmp_path, monkeypatch):
+    from tests.bench.test_bench_servers import trtllm_bundle
+
+    recipe = trtllm_bundle(tmp_path)
+    _fake_trtllm(tmp_path, monkeypatch)
+    result = cli("bench", recipe, "--set", "bench.baselines=[ngram]")
+    assert result.code == 2 and "ngram.yaml is missing" in result.stderr and "specconvert build" in result.stderr
