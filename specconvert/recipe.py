@@ -546,6 +546,34 @@ class SyntheticSpec(_Strict):
         return self
 
 
+class NGramSpec(_Strict):
+    """The n-gram (prompt lookup) arm of `bench.baselines`: free speculation, no head."""
+
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=16,
+        description="Tokens drafted per step from an n-gram match (vLLM `num_speculative_tokens`, TensorRT-LLM "
+        "`max_draft_len`, SGLang `--speculative-num-draft-tokens` minus one); null = `build.max_draft_len`, the "
+        "head's own chain, so both arms draft as far.",
+    )
+    prompt_lookup_max: int = Field(
+        4, ge=1, le=32,
+        description="Longest suffix of the context looked up (vLLM `prompt_lookup_max`, TensorRT-LLM "
+        "`max_matching_ngram_size`, SGLang `--speculative-ngram-max-match-window-size`).",
+    )
+    prompt_lookup_min: int = Field(
+        2, ge=1, le=32,
+        description="Shortest suffix looked up (vLLM `prompt_lookup_min`, SGLang "
+        "`--speculative-ngram-min-match-window-size`; TensorRT-LLM has no minimum).",
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> "NGramSpec":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} must be <= prompt_lookup_max "
+                             f"{self.prompt_lookup_max}")
+        return self
+
+
 class BenchSpec(_Strict):
     """`specconvert bench`: speculative vs baseline latency and throughput through the OpenAI-compatible HTTP API."""
 
@@ -578,6 +606,22 @@ class BenchSpec(_Strict):
         "interleaved with the baseline and the bundle so a tuned schedule is compared with fixed settings in one run. "
         "`auto` = `[build.max_draft_len]` (the recipe's own setting) when the bundle carries a `specconvert tune` "
         "result, else none; `[]` = none; e.g. `[1, 2, 3]` = every chain length. Needs servers bench starts (not `--url`).",
+    )
+    baselines: list[Literal["ngram", "suffix"]] = Field(
+        default_factory=list,
+        description="Free-speculation arms (no head) run interleaved beside the bundle and the baseline, each with "
+        "tau, speedup and a lossless check against plain decoding: `ngram` = prompt lookup (`bench.ngram`; vLLM, "
+        "TensorRT-LLM; `build` also writes each engine's n-gram launch), `suffix` = vLLM suffix decoding (needs "
+        "`arctic-inference` in vLLM's environment). `[]` = none.",
+    )
+    ngram: NGramSpec = Field(default_factory=NGramSpec, description="Settings of the `ngram` arm of `bench.baselines`.")
+    context_lengths: list[StrictInt] = Field(
+        default_factory=list,
+        description="Acceptance per context length: instead of `bench.prompts`, each run's requests go round-robin over "
+        "these input lengths in tokens (e.g. `[256, 1024, 4096]`), each prompt built from whole documents (Python's "
+        "own documentation topics) followed by a question about them, not padding; output fixed at `bench.max_tokens` "
+        "(`ignore_eos`). Every length plus `max_tokens` must fit `build.max_seq_len`. The report gives tau and the "
+        "speedup per length, and warns when the context is far beyond the head's training `seq_len`. `[]` = off.",
     )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every request; 0 = greedy.")
     seed: int = Field(0, description="Seed of prompt order, synthetic prompts and the request `seed` field.")
@@ -615,6 +659,13 @@ class BenchSpec(_Strict):
                 raise ValueError(f"fixed_draft_lens: chain lengths must be 1..16, got {bad} (the baseline is the 0 arm)")
             if len(set(self.fixed_draft_lens)) != len(self.fixed_draft_lens):
                 raise ValueError(f"fixed_draft_lens lists a length twice: {self.fixed_draft_lens}")
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ValueError(f"baselines lists an arm twice: {self.baselines}")
+        if any(n < 16 for n in self.context_lengths) or len(set(self.context_lengths)) != len(self.context_lengths):
+            raise ValueError(f"context_lengths: distinct input lengths of at least 16 tokens, got {self.context_lengths}")
+        if self.context_lengths and self.num_requests < len(self.context_lengths):
+            raise ValueError(f"context_lengths: {len(self.context_lengths)} lengths need num_requests >= "
+                             f"{len(self.context_lengths)} (the requests go round-robin over the lengths)")
         return self
 
 
@@ -804,6 +855,12 @@ class ServeTestSpec(_Strict):
         1.5,
         ge=1,
         description="Lowest acceptable mean acceptance length tau (tokens per target forward, over all prompts).",
+    )
+    min_acceptance_length_per_category: dict[str, Annotated[float, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="Floors on tau per prompt category (a prompt's `category` field in `serve_test.prompts`), e.g. "
+        "`{code: 2.2, translation: 1.6}`: one check per category, over that category's prompts, from the same "
+        "per-request source as `min_acceptance_length`. A category no prompt carries is bad input (exit 2).",
     )
     startup_timeout_s: float = Field(
         600, gt=0, description="Seconds the server may take to answer `GET /health` before serve-test gives up."

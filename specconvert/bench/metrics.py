@@ -284,3 +284,92 @@ def speedups(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], seed: int =
     per_pair = [pair_ratios(b, s) for b, s in pairs]
     keys = ("output_tokens_per_s", "e2e_mean", "tpot_mean", "ttft_mean")
     return {key: ratio_summary([p[key] for p in per_pair if p[key] is not None], seed=seed) for key in keys}
+
+
+# --------------------------------------------------------------------------- lossless against plain decoding
+
+
+def lossless(pairs: Sequence[tuple[Sequence[RequestRecord], Sequence[RequestRecord]]],
+             temperature: float = 0.0) -> dict[str, Any]:
+    """Whether an arm's outputs equal plain decoding's, token id for token id.
+
+    ``pairs``: (baseline records, arm records) of the same level and repeat; requests are matched by payload index,
+    so each pair compares the same prompt and seed. Greedy only: a sampled request's output differs by design.
+    ``lossless`` is None when nothing could be compared (no token ids, failed requests), else whether every compared
+    request matched; ``divergences`` names the first few (request index, first differing position).
+    """
+    if temperature > 0:
+        return {"lossless": None, "compared": 0, "identical": 0, "divergences": [],
+                "why": f"sampled requests (temperature {temperature:g}): outputs differ by design"}
+    compared = identical = 0
+    divergences: list[dict[str, Any]] = []
+    for base_records, arm_records in pairs:
+        base = {r.index: r for r in base_records if r.ok and r.token_ids is not None}
+        for record in arm_records:
+            other = base.get(record.index)
+            if other is None or not record.ok or record.token_ids is None:
+                continue
+            compared += 1
+            if record.token_ids == other.token_ids:
+                identical += 1
+                continue
+            position = next((i for i, (a, b) in enumerate(zip(record.token_ids, other.token_ids)) if a != b),
+                            min(len(record.token_ids), len(other.token_ids)))
+            if len(divergences) < 5:
+                divergences.append({"request": record.index, "position": position})
+    out: dict[str, Any] = {"lossless": (identical == compared) if compared else None, "compared": compared,
+                           "identical": identical, "divergences": divergences}
+    if not compared:
+        out["why"] = "no request pair carried token ids on both sides"
+    return out
+
+
+# --------------------------------------------------------------------------- per category / per input length
+
+
+def chunk_acceptance(records: Sequence[RequestRecord], max_draft_len: int | None = None) -> dict[str, Any]:
+    """tau and per-position acceptance of some requests from their stream chunks (one chunk per engine step: a chunk
+    of n tokens accepted n - 1 drafts, at positions 0..n-2). An estimate, per request set, which run-level engine
+    counters cannot give; ``max_draft_len`` sizes the per-position list (else the longest chunk's)."""
+    sizes = [c.tokens for r in records if r.ok for c in r.chunks[1:]]
+    if not sizes:
+        return {"acceptance_length": None, "per_position": None, "steps": 0, "requests": 0}
+    depth = max_draft_len or max(max(sizes) - 1, 0)
+    per_position = [sum(1 for n in sizes if n - 1 > i) / len(sizes) for i in range(depth)] if depth else []
+    return {"acceptance_length": statistics.fmean(sizes), "per_position": per_position, "steps": len(sizes),
+            "requests": len([r for r in records if r.ok])}
+
+
+def user_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Output tokens per second of request time over some requests (sum of tokens / sum of E2E)."""
+    ok = [r for r in records if r.ok and r.e2e_s]
+    seconds = sum(r.e2e_s for r in ok)
+    return sum(r.output_tokens for r in ok) / seconds if seconds else None
+
+
+def grouped(arms: dict[str, Sequence[RequestRecord]], group_of: Sequence[Any],
+            draft_lens: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """Per group (a prompt's category, or its input length), per arm: tau and per-position acceptance from the stream
+    chunks, and the speedup = the arm's tokens per second of request time / the baseline's, over the same requests.
+
+    ``arms``: label -> the records of one level (repeats pooled; ``baseline`` among them for speedups);
+    ``group_of[i]``: the group of payload ``i`` (None: left out)."""
+    draft_lens = draft_lens or {}
+    groups = [g for g in dict.fromkeys(group_of) if g is not None]
+    out: dict[str, Any] = {}
+    for group in groups:
+        entry: dict[str, Any] = {"requests": sum(1 for g in group_of if g == group), "arms": {}}
+        counted = [r.prompt_tokens for records in arms.values() for r in records
+                   if group_of[r.index] == group and r.prompt_tokens]
+        entry["prompt_tokens_mean"] = statistics.fmean(counted) if counted else None  # as the server counted them
+        base = user_rate([r for r in arms.get("baseline", []) if group_of[r.index] == group])
+        for label, records in arms.items():
+            mine = [r for r in records if group_of[r.index] == group]
+            rate = user_rate(mine)
+            arm: dict[str, Any] = {"output_tokens_per_s_per_user": rate}
+            if label != "baseline":
+                arm.update(chunk_acceptance(mine, draft_lens.get(label)))
+                arm["speedup"] = (rate / base) if rate and base else None
+            entry["arms"][label] = arm
+        out[str(group)] = entry
+    return out

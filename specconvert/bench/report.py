@@ -27,6 +27,18 @@ DEFINITIONS = {
     "the median over the pairs",
     "fixed-kN": "an arm serving the same head with a fixed chain of N drafted tokens (bench.fixed_draft_lens), "
     "interleaved with the others; `speculative` is the bundle as built (tuned when it carries a tune result)",
+    "free arms": "bench.baselines: speculation without a head on the same engine (`ngram`: prompt lookup; `suffix`: "
+    "suffix decoding), interleaved with the others; each reports tau, the speedup over plain decoding and `lossless`. "
+    "vLLM counts a draft only on steps that drafted something, so an n-gram arm's counter tau covers its matching "
+    "steps; `tokens_per_step` (tokens per streamed chunk) counts every step",
+    "lossless": "per level, each arm's greedy token ids against plain decoding's for the same request and repeat: "
+    "`lossless` true when every compared request is identical, with the first divergences (request, position)",
+    "categories": "per level, per prompt category (the prompt's `category` field): each arm's tau and per-position "
+    "acceptance estimated from its stream chunks (engine counters are per run, not per request), and the speedup = the "
+    "arm's output tokens per second of request time / plain decoding's, over the same requests",
+    "input_lengths": "bench.context_lengths: per level, per requested input length (documents + a question, output "
+    "fixed at max_tokens): tau and per-position acceptance from the stream chunks, the speedup over plain decoding in "
+    "tokens per second of request time, and the prompt tokens the server counted",
     "versus_best": "per level, runs pooled: the bundle's output tok/s / the best of the baseline and every fixed arm "
     "(the tuning target: >= 0.97) and / the baseline's (>= 1.0)",
     "client_overhead": "time the client spent parsing SSE events and bookkeeping (not the network read itself), per event "
@@ -69,6 +81,81 @@ def _side(report: dict[str, Any], label: str) -> str:
     return label
 
 
+def arm_entry(level: dict[str, Any], label: str) -> dict[str, Any]:
+    """One arm's per-level block: acceptance, speedup over the baseline and lossless (the bundle's sits on the level)."""
+    if label == "speculative":
+        return {"acceptance": level.get("acceptance"), "speedup": level.get("speedup"), "lossless": level.get("lossless")}
+    return (level.get("fixed") or {}).get(label) or (level.get("free") or {}).get(label) or {}
+
+
+def _lossless_text(value: dict[str, Any] | None) -> str:
+    if not value or value.get("lossless") is None:
+        return "–" if not value else f"– ({value.get('why', 'not compared')})"
+    if value["lossless"]:
+        return f"yes ({value['identical']}/{value['compared']})"
+    first = value["divergences"][0] if value.get("divergences") else {}
+    return f"**NO** ({value['identical']}/{value['compared']}; request {first.get('request')} at token {first.get('position')})"
+
+
+def side_by_side(report: dict[str, Any]) -> list[str]:
+    """Head vs free speculation vs fixed chains vs plain decoding, per concurrency: tau, speedup, lossless."""
+    labels = [label for label in arm_labels(report) if label != "baseline"]
+    lines = ["### Arms side by side (speedup over plain decoding: median [min–max] over run pairs)", "",
+             "| concurrency | arm | τ | tokens/step | output tok/s | speedup | lossless |", "|---:|---|---:|---:|---:|---|---|"]
+    for level in report["levels"]:
+        base = level.get("baseline") or {}
+        lines.append(f"| {level['concurrency']} | plain | 1.00 | 1.00 | {_num(base.get('output_tokens_per_s'), 1)} | 1× | – |")
+        for label in labels:
+            arm, summary = arm_entry(level, label), level.get(label) or {}
+            acc = arm.get("acceptance") or {}
+            chunks = acc.get("chunk_estimate") if acc.get("chunk_estimate") is not None else (
+                acc.get("acceptance_length") if acc.get("estimate") else None)
+            lines.append(f"| {level['concurrency']} | {_side(report, label)} | {_acceptance_text(acc)} | {_num(chunks)} | "
+                         f"{_num(summary.get('output_tokens_per_s'), 1)} | "
+                         f"{_ratio((arm.get('speedup') or {}).get('output_tokens_per_s'))} | "
+                         f"{_lossless_text(arm.get('lossless'))} |")
+    return lines + [""]
+
+
+def grouped_table(report: dict[str, Any], key: str, title: str, column: str) -> list[str]:
+    """A per-group table (``key``: ``categories`` or ``input_lengths``) of every non-baseline arm, every level."""
+    if not any(level.get(key) for level in report["levels"]):
+        return []
+    lines = [f"### {title}", "", f"| concurrency | {column} | requests | arm | τ (chunks) | accepted per position | speedup |",
+             "|---:|---|---:|---|---:|---|---:|"]
+    for level in report["levels"]:
+        for group, entry in (level.get(key) or {}).items():
+            for label, arm in entry["arms"].items():
+                if label == "baseline":
+                    continue
+                positions = " ".join(_num(p) for p in arm.get("per_position") or []) or "–"
+                speed = f"{arm['speedup']:.2f}×" if arm.get("speedup") else "–"
+                lines.append(f"| {level['concurrency']} | {group} | {entry['requests']} | {_side(report, label)} | "
+                             f"{_num(arm.get('acceptance_length'))} | {positions} | {speed} |")
+    return lines + [""]
+
+
+def context_section(report: dict[str, Any]) -> list[str]:
+    """Acceptance per input length, with the head's training length and the warning when it is far exceeded."""
+    context = report.get("context") or {}
+    lines = grouped_table(report, "input_lengths", "Acceptance per input length (tokens; stream-chunk estimate; "
+                          "output fixed at max_tokens)", "input length")
+    if not lines and not context.get("warning"):
+        return []
+    if context.get("head_seq_len") is not None or context.get("warning"):
+        lines.insert(2, f"The head was trained on sequences of {context.get('head_seq_len') or 'unknown'} tokens; "
+                     f"the bundle serves up to {context.get('serving_context')}."
+                     + (f" **Warning:** {context['warning']}." if context.get("warning") else "") + "\n")
+    for level in report["levels"]:
+        measured = {g: e.get("prompt_tokens_mean") for g, e in (level.get("input_lengths") or {}).items()}
+        if any(measured.values()):
+            lines.append(f"Prompt tokens as the server counted them (concurrency {level['concurrency']}): "
+                         + ", ".join(f"{g} → {_num(v, 0)}" for g, v in measured.items()) + ".")
+            lines.append("")
+            break
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (paste into a PR)."""
     lines: list[str] = []
@@ -82,6 +169,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- baseline: `{base_ep['model']}` at {base_ep['url']}")
     for arm in report.get("arms") or []:
         if arm["label"].startswith("fixed-k"):
+            ep = report["endpoints"].get(arm["label"]) or {}
+            lines.append(f"- {arm['label']}: `{ep.get('model')}` at {ep.get('url')} ({arm['setting']})")
+        elif arm.get("free"):
             ep = report["endpoints"].get(arm["label"]) or {}
             lines.append(f"- {arm['label']}: `{ep.get('model')}` at {ep.get('url')} ({arm['setting']})")
         elif arm["label"] == "speculative":
@@ -109,6 +199,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {level['concurrency']} | {_ratio(sp.get('output_tokens_per_s'))} | {_ratio(sp.get('e2e_mean'))} "
                          f"| {_ratio(sp.get('tpot_mean'))} | {_acceptance_text(level.get('acceptance'))} |")
         lines.append("")
+    if base_ep and any(level.get("free") or level.get("fixed") for level in report["levels"]):
+        lines += side_by_side(report)
     if any(level.get("versus_best") for level in report["levels"]):
         fixed = [label for label in arm_labels(report) if label.startswith("fixed-k")]
         lines.append("### The bundle against fixed settings (output tok/s, runs of one level pooled)")
@@ -124,6 +216,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             base = f"{vb['ratio_to_baseline']:.3f}×" if vb.get("ratio_to_baseline") else "–"
             lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + f" | {best} | {base} |")
         lines.append("")
+    lines += grouped_table(report, "categories", "Acceptance per category (stream-chunk estimate; speedup over plain "
+                           "decoding in tokens per second of request time)", "category")
+    lines += context_section(report)
     lines.append("### Latency and throughput (runs of one level pooled; ms)")
     lines.append("")
     lines.append("| side | conc. | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | tok/s | tok/s/user | req/s | failed |")
@@ -259,7 +354,36 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
         ax.set_axis_off()
     fig.tight_layout()
     written["acceptance"] = _save(fig, out_dir / "acceptance_per_position.png", plt)
+    for key, name, xlabel in (("categories", "acceptance_per_category.png", "category"),
+                              ("input_lengths", "acceptance_per_input_length.png", "input tokens (requested)")):
+        if any(lv.get(key) for lv in levels):
+            written[key] = _grouped_plot(report, key, out_dir / name, xlabel, colors, plt)
     return written
+
+
+def _grouped_plot(report: dict[str, Any], key: str, path: Path, xlabel: str, colors: dict[str, str], plt: Any) -> str:
+    """tau (left) and speedup (right) per group, one bar per non-baseline arm, at the first level that has groups."""
+    level = next(lv for lv in report["levels"] if lv.get(key))
+    groups = list(level[key])
+    labels = [label for label in arm_labels(report) if label != "baseline"
+              and any(label in level[key][g]["arms"] for g in groups)]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) + 4), 4))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(groups))]
+        arms = [level[key][g]["arms"].get(label) or {} for g in groups]
+        for ax, field in zip(axes, ("acceptance_length", "speedup")):
+            ax.bar(xs, [a.get(field) or 0 for a in arms], width, color=colors.get(label, "black"), label=label)
+    for ax, ylabel in zip(axes, ("τ (tokens per step, stream chunks)", "speedup over plain decoding (×)")):
+        ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"concurrency {level['concurrency']}")
+    fig.tight_layout()
+    return _save(fig, path, plt)
 
 
 def _concurrency_axis(ax: Any, levels: list[int]) -> None:
@@ -298,7 +422,7 @@ def print_summary(report: dict[str, Any]) -> None:
                 ratio = (level.get("speedup") or {}).get("output_tokens_per_s") or {}
                 acc = _acceptance_text(level.get("acceptance"))
             else:
-                arm = (level.get("fixed") or {}).get(label) or {}
+                arm = arm_entry(level, label)
                 ratio = (arm.get("speedup") or {}).get("output_tokens_per_s") or {}
                 acc = _acceptance_text(arm.get("acceptance"))
             speed = f"{ratio['median']:.2f}×" if label != "baseline" and ratio.get("median") is not None else ""

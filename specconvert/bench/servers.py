@@ -74,6 +74,11 @@ def recipe_servers(recipe: Any, recipe_path: Path, overrides: list[str], engine_
                 "--url/--baseline-url")
         arms = [("speculative", trt / "llm_api_options.yaml", None), ("baseline", trt / "baseline.yaml", None)]
         arms += [(fixed_label(n), trt / "llm_api_options.yaml", n) for n in fixed]
+        if "ngram" in recipe.bench.baselines:  # bench.baselines: build's NGram options (no head)
+            if not (trt / "ngram.yaml").is_file():
+                raise InputError(f"{trt / 'ngram.yaml'} is missing: the bundle was built without bench.baselines",
+                                 fix="run `specconvert build RECIPE` (it rebuilds when bench.baselines changes)")
+            arms.append(("ngram", trt / "ngram.yaml", None))
         for label, options, draft_len in arms:
             shared = _shared_memory_options(options, log_dir / f"{label}_options.yaml", len(arms), draft_len)
             launches.append((label, ["bash", str(script)], {**os.environ, "OPTIONS": str(shared)}, False))
@@ -118,6 +123,8 @@ def vllm_launches(recipe: Any, recipe_path: Path, engine_dir: Path, fixed: Seque
                             recipe.name, tuned, values)
     servers += [vllm.chain_launch(python, artifacts["target_dir"], artifacts["vllm_draft"], recipe.build, recipe.runtime,
                                   recipe.name, n, fixed_label(n), values=values) for n in fixed]
+    servers += [vllm.free_launch(python, artifacts["target_dir"], recipe.build, recipe.runtime, recipe.name, method,
+                                 recipe.bench.ngram, values) for method in recipe.bench.baselines]  # bench.baselines
     # seeded sampled requests: the CPU build must not split a prompt (launch.whole_prefill_args)
     whole = (vllm.whole_prefill_args(recipe.build, recipe.runtime)
              if recipe.bench.temperature > 0 and vllm.is_cpu_build(python) else [])

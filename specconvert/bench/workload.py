@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import output
 from ..errors import InputError
-from ..prompts import builtin_names, load_samples, sample_text
+from ..prompts import PYTHON_DOCS, builtin_names, load_samples, sample_text
 
 FALLBACK_PROMPTS = "builtin:bench-smoke"
 SYNTHETIC = "synthetic"
@@ -91,12 +91,15 @@ def build_payloads(bench: Any, base_dir: Path, api: str,
                              "seed": bench.seed + i})
         return payloads, {"prompts": SYNTHETIC, "api": "completions", "input_tokens": syn.input_tokens,
                           "output_tokens": syn.output_tokens, "ignore_eos": True}
+    if getattr(bench, "context_lengths", None):
+        return context_payloads(bench, api, common)
     samples, used = loaded or load_prompt_samples(bench.prompts, base_dir)
     order = list(range(len(samples)))
     rng.shuffle(order)
-    payloads = []
+    payloads, categories = [], []
     for i in range(bench.num_requests):
         sample = samples[order[i % len(order)]]
+        categories.append(sample.get("category"))
         body: dict[str, Any] = {**common, "max_tokens": bench.max_tokens, "seed": bench.seed + i}
         if bench.ignore_eos:
             body["ignore_eos"] = True
@@ -105,5 +108,56 @@ def build_payloads(bench: Any, base_dir: Path, api: str,
         else:
             body["prompt"] = sample_text(sample)
         payloads.append(body)
-    return payloads, {"prompts": used, "requested_prompts": bench.prompts, "api": api, "samples": len(samples),
-                      "max_tokens": bench.max_tokens, "ignore_eos": bench.ignore_eos}
+    workload = {"prompts": used, "requested_prompts": bench.prompts, "api": api, "samples": len(samples),
+                "max_tokens": bench.max_tokens, "ignore_eos": bench.ignore_eos}
+    if any(categories):  # a prompt's category (its `category` field), per payload: the report's per-category table
+        workload["categories"] = categories
+    return payloads, workload
+
+
+# A token of English prose or code is about 4 characters in the tokenizers of the models served here (SmolLM2,
+# Llama 3); the report shows the prompt tokens the server counted, so the estimate only places the lengths.
+CHARS_PER_TOKEN = 4
+QUESTION = ("\n\nQuestion: using only the documents above, explain what the first and the last document describe, "
+            "and name one idea they share.")
+
+
+def context_prompt(documents: list[str], start: int, tokens: int) -> str:
+    """About ``tokens`` tokens of whole documents (the last one cut at a line end), numbered, then a question about
+    them: a long input a model must read, not padding. ``start`` rotates the documents so each request differs."""
+    budget = tokens * CHARS_PER_TOKEN - len(QUESTION)
+    parts: list[str] = []
+    used = 0
+    for n in range(len(documents)):
+        text = documents[(start + n) % len(documents)].strip()
+        head = f"Document {n + 1}.\n"
+        room = budget - used - len(head) - 2
+        if room <= 0:
+            break
+        if len(text) > room:
+            cut = text.rfind("\n", 0, room)
+            text = text[:cut if cut > room // 2 else room].rstrip()
+        parts.append(head + text)
+        used += len(parts[-1]) + 2
+    return "\n\n".join(parts) + QUESTION
+
+
+def context_payloads(bench: Any, api: str, common: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``bench.context_lengths``: requests round-robin over the input lengths, each a prompt of documents and a
+    question (:func:`context_prompt`), output fixed at ``max_tokens``; the workload names each payload's length."""
+    documents = [sample_text(s) for s in load_samples(PYTHON_DOCS, "bench.context_lengths", Path("."))]
+    lengths = list(bench.context_lengths)
+    payloads, per_payload = [], []
+    for i in range(bench.num_requests):
+        length = lengths[i % len(lengths)]
+        text = context_prompt(documents, 7 * i, length)
+        body: dict[str, Any] = {**common, "max_tokens": bench.max_tokens, "seed": bench.seed + i, "ignore_eos": True}
+        if api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        payloads.append(body)
+        per_payload.append(length)
+    return payloads, {"prompts": "context sweep: python:docs documents + a question", "api": api,
+                      "max_tokens": bench.max_tokens, "ignore_eos": True, "context_lengths": lengths,
+                      "input_lengths": per_payload, "chars_per_token_estimate": CHARS_PER_TOKEN}

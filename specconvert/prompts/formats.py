@@ -71,6 +71,11 @@ def read_row(item: Any) -> dict[str, Any]:
     sample = READERS[keys[0]](item[keys[0]])
     if "id" in item:
         sample["id"] = item["id"]
+    if "category" in item:  # bench reports acceptance per category
+        if not isinstance(item["category"], str) or not item["category"].strip():
+            raise RowError(f"has a 'category' that is a JSON {json_type(item['category'])}, not a non-empty string",
+                           fix='e.g. "category": "code"')
+        sample["category"] = item["category"].strip()
     return sample
 
 

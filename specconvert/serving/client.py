@@ -253,7 +253,8 @@ class OpenAIClient:
                                 raise RequestFailed("malformed", f"POST {path}: bad choice: {_snippet(data)}") from None
                             ids = _ids(choice.get("token_ids"))
                             if ids is None:
-                                token_ids = None
+                                if text:  # tokens without ids (vLLM's role-only opening chunk carries neither)
+                                    token_ids = None
                             elif token_ids is not None:
                                 token_ids.extend(ids)
                             if text:

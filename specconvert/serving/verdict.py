@@ -112,13 +112,19 @@ def evaluate(run: Any) -> dict[str, Any]:
     suites = [junit.Suite("serve-test.checks"), junit.Suite("serve-test.prompts")]
     checks = _Checks(suites[0])
     tally, rows, stats = _Tally(), [], []
+    by_category: dict[str, list[dict[str, Any]]] = {}
     for prompt in run.prompts:
+        before = len(stats)
         row, streamed_pair = _prompt_row(run, prompt, tally, stats)
+        if getattr(prompt, "category", None) is not None:
+            row["category"] = prompt.category
+            by_category.setdefault(prompt.category, []).extend(stats[before:])
         _add_prompt_case(suites[1], row, spec, streamed_pair)
         rows.append(row)
     _server_checks(checks, run.servers, spec)
     _lossless_check(checks, spec, rows, tally, len(run.prompts))
     overall, tau, measured = _acceptance_check(checks, run, spec, stats)
+    categories = _category_checks(checks, run, spec, by_category)
     _oracle_check(checks, getattr(run, "oracle", None))
     if spec.stream:
         checks.add("streaming equals non-streaming", tally.stream_total > 0 and tally.stream_ok == tally.stream_total,
@@ -128,6 +134,8 @@ def evaluate(run: Any) -> dict[str, Any]:
     status = ("error" if startup_failed else
               "passed" if all(c["passed"] is not False for c in checks.items) else "failed")
     summary = _summary(rows, tally, len(run.prompts), overall, tau, measured)
+    if categories:
+        summary["acceptance_per_category"] = categories
     return {"status": status, "summary": summary, "checks": checks.items, "prompts": rows, "junit": suites}
 
 
@@ -269,6 +277,32 @@ def _acceptance_check(checks: _Checks, run: Any, spec: Any, stats: list[dict[str
                    + (" (estimated from total_draft_tokens / max_draft_len)" if overall["estimated"] else "")
                    + (f", per position {overall['per_position_acceptance']}" if overall["per_position_acceptance"] else ""))
     return overall, tau, measured
+
+
+def _category_checks(checks: _Checks, run: Any, spec: Any, by_category: dict[str, list[dict[str, Any]]]
+                     ) -> dict[str, Any]:
+    """tau per prompt category from the per-request statistics (vLLM's counters around each request, the reference
+    server's /perf_metrics); one check per floor of ``serve_test.min_acceptance_length_per_category``."""
+    out = {}
+    for category, stats in by_category.items():
+        total = aggregate(stats)
+        out[category] = {"requests": total["requests"], "acceptance_length": total["acceptance_length"],
+                         "per_position_acceptance": total["per_position_acceptance"]}
+    floors = getattr(spec, "min_acceptance_length_per_category", None) or {}
+    off = getattr(run, "speculation_off", None)
+    for category, floor in floors.items():
+        name = f"acceptance length >= {floor:g} on category {category}"
+        tau = (out.get(category) or {}).get("acceptance_length")
+        if off:
+            checks.add(name, None, None, floor, f"skipped: {off}")
+        elif tau is None:
+            checks.add(name, None, None, floor, f"not measurable: no per-request acceptance for the {category} prompts",
+                       "per-request acceptance comes from vLLM's counters or the reference server's /perf_metrics")
+        else:
+            checks.add(name, tau >= floor, round(tau, 4), floor,
+                       f"tau {tau:.4g} over {out[category]['requests']} {category} request(s)",
+                       None if tau >= floor else f"more training data like the {category} prompts, or lower the floor")
+    return out
 
 
 def _oracle_check(checks: _Checks, verdict: dict[str, Any] | None) -> None:

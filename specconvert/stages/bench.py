@@ -26,6 +26,7 @@ from .. import __version__, output
 from ..backends.names import fixed_chain_model
 from ..bench import metrics as M
 from ..bench.loadgen import Endpoint, drain_metrics, list_models, run_load, stream_request
+from ..bench.preflight import context_check, free_arms
 from ..bench.report import DEFINITIONS, REPORT_SCHEMA_VERSION, render_markdown, write_plots
 from ..bench.workload import Run, arm_labels, build_payloads, interleaved_schedule, load_prompt_samples, resolve_api
 from ..errors import CheckFailed, ExternalFailure, InputError
@@ -108,9 +109,12 @@ def _run(
     tuned = bool(engine_manifest and (engine_manifest.get("decisions") or {}).get("tuned"))
     fixed = fixed_draft_lens(bench, recipe, tuned, url)
     fixed_labels = [fixed_label(n) for n in fixed]
+    free = free_arms(bench, recipe, url, recipe_path)
+    extra_labels = fixed_labels + free  # every arm between the baseline and the bundle, in run order
     loaded = load_prompt_samples(bench.prompts, base_dir) if bench.prompts != "synthetic" else None
     api = resolve_api(bench.api, loaded[0] if loaded else None)
     payloads, workload = build_payloads(bench, base_dir, api, loaded)
+    context = context_check(bench, recipe)
     inputs = {
         "bench": bench.model_dump(mode="json"),
         "url": redact_url(url),
@@ -119,7 +123,7 @@ def _run(
         "time": time.time(),  # a measurement is never "up to date"
     }
     draft_lens = {"speculative": _served_draft_lens(recipe, engine_manifest, bench.concurrency),
-                  **{fixed_label(n): n for n in fixed}}
+                  **{fixed_label(n): n for n in fixed}, **{label: _free_draft_len(recipe, bench) for label in free}}
     vllm = url is None and recipe.runtime.backend == "vllm"
     counters = None
     if vllm:
@@ -131,7 +135,7 @@ def _run(
     if vllm:
         from ..bench.servers import vllm_placement
 
-        placement = vllm_placement(recipe, recipe_path, engine_dir, arm_labels(bench.compare_baseline, fixed_labels))
+        placement = vllm_placement(recipe, recipe_path, engine_dir, arm_labels(bench.compare_baseline, extra_labels))
         together, why = placement.together, placement.why
         if not together and recipe.runtime.vllm_servers == "auto":
             how = "one after the other" if placement.mode == "sequential" else placement.mode
@@ -140,7 +144,7 @@ def _run(
     with stage_dir(out_dir, STAGE, inputs) as stage:
         if not together:
             measured, server_info = _measure_one_server_at_a_time(bench, api, payloads, recipe, recipe_path, engine_dir,
-                                                                  stage.path, draft_lens, counters, fixed_labels,
+                                                                  stage.path, draft_lens, counters, extra_labels,
                                                                   placement)
         else:
             if url is None:
@@ -154,14 +158,15 @@ def _run(
                 # The reference server and vLLM name their models after the recipe; trtllm-serve after the target.
                 default_model = recipe.name if (url is None and recipe.runtime.backend in ("reference", "vllm")) else None
                 measured = asyncio.run(_measure(bench, api, payloads, started, default_model=default_model,
-                                                draft_lens=draft_lens, counters=counters, fixed_labels=fixed_labels))
+                                                draft_lens=draft_lens, counters=counters, fixed_labels=extra_labels))
             server_info = started["servers"]
         if why:
             measured["servers_together"] = {"together": together, "why": why}
         if placement is not None:
             measured["placement"] = placement.as_dict()
         report = _assemble(bench, workload, measured, name or (recipe.name if recipe is not None else None),
-                           servers=server_info, tuned=tuned, fixed_labels=fixed_labels)
+                           servers=server_info, tuned=tuned, fixed_labels=fixed_labels, free_labels=free)
+        report["context"] = context
         trt = None
         if bench_script is not None:
             from ..bench.trtllm_bench import run_trtllm_bench
@@ -204,6 +209,12 @@ def draft_len_of(draft_lens: dict[str, Any], label: str, level: int | None = Non
     return value
 
 
+def _free_draft_len(recipe: Any, bench: Any) -> int:
+    from ..backends.vllm.launch import free_draft_len
+
+    return free_draft_len(recipe.build, bench.ngram)
+
+
 def fixed_draft_lens(bench: Any, recipe: Any, tuned: bool, url: str | None) -> list[int]:
     """The ``fixed-kN`` arms: ``bench.fixed_draft_lens``, where ``auto`` = the recipe's own chain next to a tuned
     bundle (``tuned``: the bundle carries a tune result)."""
@@ -229,7 +240,7 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
     not cancelled: the report says so."""
     from ..bench.servers import vllm_server
 
-    fixed = [draft_lens[label] for label in fixed_labels]
+    fixed = [draft_lens[label] for label in fixed_labels if label.startswith("fixed-k")]  # not the free arms
     labels = arm_labels(bench.compare_baseline, fixed_labels)
     waves = [list(w) for w in placement.waves] if placement is not None else [[label] for label in labels]
     parts, servers = [], []
@@ -237,7 +248,9 @@ def _measure_one_server_at_a_time(bench: Any, api: str, payloads: list[dict[str,
         with vllm_server(recipe, recipe_path, engine_dir, wave, log_dir, bench.startup_timeout_s, fixed,
                          placement) as started:
             for label in wave:
-                if label in fixed_labels:
+                if label in recipe.bench.baselines:
+                    model = f"{recipe.name}-{label}"  # backends.vllm.launch.free_launch
+                elif label in fixed_labels:
                     model = fixed_chain_model(recipe.name, draft_lens[label])
                 else:
                     model = (bench.model if label == "speculative" else bench.baseline_model) or (
@@ -288,7 +301,7 @@ async def _measure(bench: Any, api: str, payloads: list[dict[str, Any]], started
             endpoints = {only[0]: Endpoint(only[0], started[only[0]].rstrip("/"), only[1], api)}
         else:
             endpoints = await _endpoints(client_for, bench, api, started, default_model)
-            for label in fixed_labels:  # each fixed arm's own server: the model it lists
+            for label in fixed_labels:  # each fixed or free arm's own server: the model it lists
                 url = started[label].rstrip("/")
                 ids = await list_models(client_for(url))
                 model = next((m for m in ids if not m.endswith("-baseline")), ids[0] if ids else None)
@@ -423,22 +436,26 @@ def versus_best(level: dict[str, Any], labels: list[str]) -> dict[str, Any] | No
 
 
 def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], name: str | None,
-              servers: list[dict[str, Any]], tuned: bool = False, fixed_labels: list[str] | None = None) -> dict[str, Any]:
+              servers: list[dict[str, Any]], tuned: bool = False, fixed_labels: list[str] | None = None,
+              free_labels: list[str] | None = None) -> dict[str, Any]:
     runs = measured["runs"]
     fixed_labels = fixed_labels or []
-    labels = arm_labels(bench.compare_baseline, fixed_labels)
+    free_labels = free_labels or []
+    labels = arm_labels(bench.compare_baseline, fixed_labels + free_labels)
     draft_lens = measured["draft_lens"]
     levels = []
     all_spec_records, all_spec_items, all_records, all_counted = [], [], [], []
     for level in measured["levels"]:
         entry: dict[str, Any] = {"concurrency": level}
         arms: dict[str, Any] = {}
-        for label in ["baseline", *fixed_labels, "speculative"]:
+        level_records: dict[str, list[M.RequestRecord]] = {}
+        for label in ["baseline", *fixed_labels, *free_labels, "speculative"]:
             mine = [r for r in runs if r["label"] == label and r["concurrency"] == level]
             if not mine:
                 entry[label] = None
                 continue
             recs = [rec for r in mine for rec in r["_records"]]
+            level_records[label] = recs
             all_records.extend(recs)
             entry[label] = M.summarize_run(recs, sum(r["summary"]["duration_s"] or 0 for r in mine))
             if label == "baseline":
@@ -446,22 +463,33 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
             items = [it for r in mine for it in (r["_items"] or [])]
             counted = [r["_counted"] for r in mine if r.get("_counted") is not None]
             acceptance = _acceptance(items, recs, draft_len_of(draft_lens, label, level), counted)
+            same = _lossless(runs, level, label, bench) if bench.compare_baseline else None
             if label == "speculative":
                 all_spec_records.extend(recs)
                 all_spec_items.extend(items)
                 all_counted.extend(counted)
                 entry["acceptance"] = acceptance
+                entry["lossless"] = same
             else:
                 vs_base = _pairs(runs, level, bench.repeats, "baseline", label)
                 vs_spec = _pairs(runs, level, bench.repeats, label, "speculative")
                 arms[label] = {"draft_len": draft_lens.get(label), "acceptance": acceptance,
                                "speedup": M.speedups(vs_base, seed=bench.seed) if vs_base else None,
-                               "speculative_vs_this": M.speedups(vs_spec, seed=bench.seed) if vs_spec else None}
+                               "speculative_vs_this": M.speedups(vs_spec, seed=bench.seed) if vs_spec else None,
+                               "lossless": same}
         pairs = _pairs(runs, level, bench.repeats, "baseline", "speculative")
         entry["speedup"] = M.speedups(pairs, seed=bench.seed) if pairs else None
-        if arms:
-            entry["fixed"] = arms
+        if any(label in arms for label in fixed_labels):
+            entry["fixed"] = {label: arms[label] for label in fixed_labels if label in arms}
+        if any(label in arms for label in free_labels):
+            entry["free"] = {label: arms[label] for label in free_labels if label in arms}
         entry["versus_best"] = versus_best(entry, labels) if len(labels) > 2 else None
+        if workload.get("input_lengths"):
+            entry["input_lengths"] = M.grouped(level_records, workload["input_lengths"],
+                                               {label: draft_len_of(draft_lens, label, level) for label in level_records})
+        if workload.get("categories"):
+            entry["categories"] = M.grouped(level_records, workload["categories"],
+                                            {label: draft_len_of(draft_lens, label, level) for label in level_records})
         levels.append(entry)
     acceptance = _acceptance(all_spec_items, all_spec_records, draft_len_of(draft_lens, "speculative"), all_counted)
     gate = None
@@ -475,6 +503,9 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
     arm_info = [{"label": "baseline", "draft_len": 0, "setting": "the target alone"}] if bench.compare_baseline else []
     arm_info += [{"label": label, "draft_len": draft_lens.get(label), "setting": f"a fixed chain of {draft_lens.get(label)}"}
                  for label in fixed_labels]
+    arm_info += [{"label": label, "draft_len": draft_lens.get(label), "free": True,
+                  "setting": FREE_SETTINGS[label].format(k=draft_lens.get(label), ngram=bench.ngram)}
+                 for label in free_labels]
     spec_k = draft_lens.get("speculative")  # per level ({"1": 3, "4": 2}) when the bundle's schedule varies
     arm_info.append({"label": "speculative", "tuned": tuned,
                      "draft_len": {str(b): k for b, k in spec_k.items()} if isinstance(spec_k, dict) else spec_k,
@@ -508,6 +539,24 @@ def _assemble(bench: Any, workload: dict[str, Any], measured: dict[str, Any], na
         "gate": gate,
         "trtllm_bench": None,
     }
+
+
+FREE_SETTINGS = {
+    "ngram": "n-gram prompt lookup, no head: up to {k} tokens copied from a match of "
+             "{ngram.prompt_lookup_min}-{ngram.prompt_lookup_max} context tokens (bench.ngram)",
+    "suffix": "suffix decoding, no head: up to {k} tokens from suffix trees of the prompt and earlier outputs",
+}
+
+
+def _lossless(runs: list[dict[str, Any]], level: int, label: str, bench: Any) -> dict[str, Any] | None:
+    """``label``'s outputs against the baseline's at one level, request by request within each repeat."""
+    pairs = []
+    for repeat in range(bench.repeats):
+        base = next((r for r in runs if r["label"] == "baseline" and r["concurrency"] == level and r["repeat"] == repeat), None)
+        arm = next((r for r in runs if r["label"] == label and r["concurrency"] == level and r["repeat"] == repeat), None)
+        if base and arm:
+            pairs.append((base["_records"], arm["_records"]))
+    return M.lossless(pairs, bench.temperature) if pairs else None
 
 
 def _write(path: Path, report: dict[str, Any], records: list[dict[str, Any]], plots: bool) -> dict[str, str]:

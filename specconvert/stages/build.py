@@ -124,6 +124,8 @@ def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildRes
         "tensorrt_llm_installed": installed_version("tensorrt_llm"),
         "load": load,
     }
+    if recipe.bench.baselines:  # the free-speculation launches build writes (absent: the fingerprint of old bundles)
+        inputs["free_speculation"] = [list(recipe.bench.baselines), recipe.bench.ngram.model_dump()]
     if not force:
         existing = up_to_date(final, compute_fingerprint(STAGE, inputs))
         if existing is not None:
@@ -173,6 +175,8 @@ def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildRes
         launch.write_executable(root / "sglang" / "serve.sh",
                                 launch.sglang_serve(target_dir, str(final / "sglang" / "draft"), recipe.build, recipe.runtime,
                                                     title, tuned=(tuned or {}).get("sglang")))
+
+        free = _write_free_speculation(recipe, root, target, decided["baseline"], target_dir, title)
 
         reference_settings = {
             "target_dir": target_dir,
@@ -241,6 +245,7 @@ def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildRes
             "sglang_draft": str(root / "sglang" / "draft"),
             "draft_overlay_files": overlays,
             "reference_settings": str(root / "reference" / "settings.json"),
+            **free,
         }
         timings = {"load_s": load_info.get("load_s")} if load_info.get("load_s") is not None else {}
         stage.finish(
@@ -255,6 +260,31 @@ def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildRes
             timings=timings,
         )
     return BuildResult(stage.manifest, skipped=False)
+
+
+def _write_free_speculation(recipe: Any, root: Path, target: Any, baseline: dict[str, Any], target_dir: str,
+                            title: str) -> dict[str, str]:
+    """`bench.baselines`' n-gram arm in each engine's own launch (no head): ``trtllm/ngram.yaml`` (the baseline's
+    options plus ``NGram`` decoding), ``vllm/serve-ngram.sh`` and ``sglang/serve-ngram.sh``; suffix decoding is
+    vLLM's alone (bench starts it from the argv). Returns the artifacts written."""
+    from ..backends.sglang.launch import ngram_serve_script
+
+    if "ngram" not in recipe.bench.baselines:
+        return {}
+    ngram = recipe.bench.ngram
+    k = vllm_launch.free_draft_len(recipe.build, ngram)
+    options = trt_options.ngram_options(baseline, target, k, ngram)
+    (root / "trtllm" / "ngram.yaml").write_text(
+        _yaml(options, [f"TensorRT-LLM {target.version} LLM-API options with NGram speculation (no head), generated "
+                        "by `specconvert build` for bench.baselines.", "Use: OPTIONS=ngram.yaml engine/trtllm/serve.sh"]),
+        encoding="utf-8")
+    launch.write_executable(root / "vllm" / "serve-ngram.sh",
+                            vllm_launch.free_serve_script(target_dir, recipe.build, recipe.runtime, recipe.name, title,
+                                                          "ngram", ngram, vllm_launch.launch_values(recipe.runtime)))
+    launch.write_executable(root / "sglang" / "serve-ngram.sh",
+                            ngram_serve_script(target_dir, recipe.build, recipe.runtime, title, k, ngram))
+    return {"trtllm_ngram": str(root / "trtllm" / "ngram.yaml"), "vllm_serve_ngram": str(root / "vllm" / "serve-ngram.sh"),
+            "sglang_serve_ngram": str(root / "sglang" / "serve-ngram.sh")}
 
 
 def _load(recipe, convert, decided, target, load: bool, reference_settings) -> dict[str, Any]:

@@ -57,6 +57,7 @@ class Prompt:
     id: str
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    category: str | None = None  # the sample's `category`: serve_test.min_acceptance_length_per_category
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "messages": self.messages} if self.messages is not None else {"id": self.id, "prompt": self.prompt}
@@ -111,9 +112,14 @@ def load_prompts(recipe: Any) -> list[Prompt]:
             if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
                 raise InputError(f"serve_test.prompts: sample {pid}: messages must be a list of {{role, content}}",
                                  fix='e.g. {"messages": [{"role": "user", "content": "Hi"}]}')
-            prompts.append(Prompt(pid, messages=messages))
+            prompts.append(Prompt(pid, messages=messages, category=sample.get("category")))
         else:
-            prompts.append(Prompt(pid, prompt=str(sample.get("prompt", sample.get("text")))))
+            prompts.append(Prompt(pid, prompt=str(sample.get("prompt", sample.get("text"))), category=sample.get("category")))
+    missing = sorted(set(recipe.serve_test.min_acceptance_length_per_category) - {p.category for p in prompts})
+    if missing:
+        raise InputError(f"serve_test.min_acceptance_length_per_category: no prompt of {recipe.serve_test.prompts} has "
+                         f"the category {', '.join(missing)}",
+                         fix='give those prompts a "category" field, or drop the floor')
     return prompts
 
 

@@ -2,7 +2,7 @@
 
 Not a model: it streams ``max_tokens`` token ids (0, 1, 2, ...) in chunks of a fixed size
 after a fixed first-token delay and a fixed gap between chunks, so the metrics bench
-computes from it are known in advance. Model ``m`` sends ``spec_chunk`` tokens per chunk
+computes from it are known in advance. Model ``m`` sends ``spec_chunk`` tokens per chunk (``chunk_by_word``: another size for prompts holding a word)
 (like a speculative server sending each verify step's accepted tokens at once);
 ``m-baseline`` sends one. ``metrics=False`` drops ``/perf_metrics`` and per-chunk
 ``token_ids`` (a third-party endpoint exposing only text and usage).
@@ -25,6 +25,8 @@ class Script:
     spec_chunk: int = 3
     metrics: bool = True
     fail_model: str | None = None  # requests for this model answer HTTP 500
+    chunk_by_word: dict = field(default_factory=dict)  # a word in the prompt -> the speculative chunk size for it
+    long_prompt: tuple = ()  # (characters, chunk size): prompts longer than that get that speculative chunk size
     perf: list = field(default_factory=list)
     seen: list = field(default_factory=list)  # (model, concurrency in flight at arrival)
     in_flight: int = 0
@@ -56,6 +58,12 @@ def create_app(script: Script):
             return JSONResponse({"error": {"message": "scripted failure"}}, status_code=500)
         total = int(body.get("max_tokens") or 16)
         size = 1 if model.endswith("-baseline") else script.spec_chunk
+        prompt = json.dumps(body.get("messages") or body.get("prompt"))
+        for word, chunk in script.chunk_by_word.items():
+            if word in prompt and not model.endswith("-baseline"):
+                size = chunk
+        if script.long_prompt and len(prompt) > script.long_prompt[0] and not model.endswith("-baseline"):
+            size = script.long_prompt[1]
         script.in_flight += 1
         script.seen.append((model, script.in_flight))
 

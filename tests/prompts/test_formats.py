@@ -41,6 +41,8 @@ GOOD = [
      {"conversations": [{"from": "Human", "value": "q"}, {"from": "chatgpt", "value": "a"}]}, _chat((U, "q"), (A, "a"))),
     ("sharegpt-with-role-content-fields",
      {"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, _chat((U, "q"), (A, "a"))),
+    ("category-kept-for-bench", {"id": "c1", "category": " code ", "prompt": "def f():"},
+     {"id": "c1", "category": "code", "prompt": "def f():"}),
     ("prompt", {"prompt": "Once upon a time"}, {"prompt": "Once upon a time"}),
     ("text", {"text": "plain prose"}, {"text": "plain prose"}),
 ]
@@ -81,6 +83,7 @@ BAD = [
     ("prompt-not-string", '{"prompt": ["a"]}', "'prompt' is a JSON array, not a string"),
     ("prompt-empty", '{"prompt": " "}', "'prompt' is empty"),
     ("text-not-string", '{"text": 5}', "'text' is a JSON number, not a string"),
+    ("category-not-string", '{"category": 3, "prompt": "a"}', "'category' that is a JSON number, not a non-empty string"),
 ]
 
 

@@ -15,8 +15,17 @@ does; requests join once the oldest waiting one has waited ``BATCH_WINDOW_S``, s
 together run (and finish) together. Each step looks its draft length up in the
 ``num_speculative_tokens_per_batch_size`` schedule for the number of requests running in it
 (vLLM's lookup by batch size): where it gives 0, that step decodes one token and drafts nothing.
+Free speculation (``"method": "ngram"`` or ``"suffix"``, no draft model), as vLLM 0.32 counts it: a step whose
+lookup finds no match drafts nothing and is not counted as a draft (``Scheduler._make_spec_decoding_stats``
+returns early without draft tokens), so the counters' tau covers drafting steps only. The double's lookup
+matches on every other decode step and accepts ``FAKE_VLLM_NGRAM_ACCEPT`` (default 1) of its drafts there:
+counters tau 2, tokens per step 1.5. vLLM refuses ``ngram`` with ``prompt_lookup_min > prompt_lookup_max``
+and ``suffix`` without ``arctic_inference`` (``FAKE_VLLM_NO_ARCTIC=1``: the package is absent, and asking
+whether it imports answers no).
+``FAKE_VLLM_ACCEPT_BY_WORD=word:A,...``: requests whose prompt holds ``word`` accept A per step instead.
 ``FAKE_VLLM_ARGV_LOG`` appends each start's argv and environment as one JSON line.
-``FAKE_VLLM_LOSSY_K=N``: the server with ``num_speculative_tokens`` N streams token id 3 as 1003.
+``FAKE_VLLM_LOSSY_K=N``: the server with ``num_speculative_tokens`` N streams token id 3 as 1003
+(``FAKE_VLLM_LOSSY_METHOD=ngram``: the server with that method).
 Non-streaming requests asking ``logprobs`` get OpenAI logprobs (tokens spelled ``token_id:N`` with
 ``return_tokens_as_token_ids``, else as text): each token leads a runner-up by 5 nats, except token 3,
 whose runner-up is 1003 (the lossy token) ``FAKE_VLLM_TIE_MARGIN`` nats behind (default 3: a real
@@ -51,10 +60,15 @@ def main(argv: list[str]) -> None:
     name = arg("--served-model-name", "model")
     spec = json.loads(arg("--speculative-config")) if "--speculative-config" in argv else None
     n_spec = spec["num_speculative_tokens"] if spec else 0
+    free = (spec or {}).get("method") in ("ngram", "suffix")
+    if free and spec["method"] == "suffix" and os.environ.get("FAKE_VLLM_NO_ARCTIC"):
+        sys.exit("ImportError: Arctic Inference is required for suffix decoding.")
+    if free and spec["method"] == "ngram" and spec.get("prompt_lookup_min", 5) > spec.get("prompt_lookup_max", 5):
+        sys.exit("ValueError: prompt_lookup_min must be <= prompt_lookup_max")
     schedule = (spec or {}).get("num_speculative_tokens_per_batch_size")
     counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * n_spec}
     waiting, running, engine_task = [], [], []
-    accept = int(os.environ.get("FAKE_VLLM_ACCEPT", "2"))
+    accept = int(os.environ.get("FAKE_VLLM_NGRAM_ACCEPT" if free else "FAKE_VLLM_ACCEPT", "1" if free else "2"))
 
     def k_for(batch):
         """vLLM's lookup: the schedule's K for this batch size (the last range's beyond it), capped at n_spec."""
@@ -78,8 +92,12 @@ def main(argv: list[str]) -> None:
             for req in list(running):
                 if req["next"] == 0:  # the prefill's token
                     group = [0]
+                elif free and (req.setdefault("steps", 0) + 1) % 2:  # the lookup found no match: no draft
+                    req["steps"] += 1
+                    group = [req["next"]]
                 else:
-                    group = list(range(req["next"], min(req["n"], req["next"] + 1 + (min(accept, k) if k else 0))))
+                    group = list(range(req["next"], min(req["n"], req["next"] + 1 + (min(req["accept"], k) if k else 0))))
+                    req["steps"] = req.get("steps", 0) + 1
                     if k:  # a short last step (max_tokens reached) accepted fewer
                         accepted = len(group) - 1
                         counts["drafts"] += 1
@@ -93,13 +111,17 @@ def main(argv: list[str]) -> None:
                     running.remove(req)
                     req["queue"].put_nowait(None)
 
-    async def steps(n):
+    by_word = dict((w, int(a)) for w, a in (item.split(":") for item in
+                                              os.environ.get("FAKE_VLLM_ACCEPT_BY_WORD", "").split(",") if item))
+
+    async def steps(n, prompt=""):
         """Token-id groups per engine step: the prefill's token, then 1 + accepted drafts per verify step."""
         if not engine_task:
             engine_task.append(asyncio.create_task(engine()))
         if n <= 0:
             return
-        req = {"n": n, "next": 0, "queue": asyncio.Queue(), "since": time.monotonic()}
+        mine = next((a for w, a in by_word.items() if w in prompt), accept)
+        req = {"n": n, "next": 0, "queue": asyncio.Queue(), "since": time.monotonic(), "accept": mine}
         waiting.append(req)
         while (group := await req["queue"].get()) is not None:
             yield group
@@ -127,8 +149,9 @@ def main(argv: list[str]) -> None:
         n = int(body.get("max_tokens", 16))
         text = lambda g: "".join(f"t{t} " for t in g)  # noqa: E731
         with_ids = bool(body.get("return_token_ids"))
+        prompt = json.dumps(body.get("messages") or body.get("prompt"))
         if not body.get("stream"):
-            ids = [t async for g in steps(n) for t in g]
+            ids = [t async for g in steps(n, prompt) for t in g]
             choice = ({"index": 0, "message": {"role": "assistant", "content": text(ids)}, "finish_reason": "length"}
                       if is_chat else {"index": 0, "text": text(ids), "finish_reason": "length"})
             if with_ids:
@@ -140,7 +163,9 @@ def main(argv: list[str]) -> None:
 
         async def events():
             sent = 0
-            async for g in steps(n):
+            if is_chat:  # vLLM opens a chat stream with the role alone: no content, no token_ids key
+                yield f"data: {json.dumps({'model': name, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+            async for g in steps(n, prompt):
                 sent += len(g)
                 delta = ({"index": 0, "delta": {"content": text(g)}, "finish_reason": None} if is_chat
                          else {"index": 0, "text": text(g), "finish_reason": None})
@@ -165,7 +190,8 @@ def main(argv: list[str]) -> None:
 
     def lossy(ids):
         """``FAKE_VLLM_LOSSY_K=N``: the server drafting N streams token id 3 changed (a lossy engine), ids only."""
-        if spec and os.environ.get("FAKE_VLLM_LOSSY_K") == str(n_spec):
+        if spec and (os.environ.get("FAKE_VLLM_LOSSY_K") == str(n_spec)
+                     or os.environ.get("FAKE_VLLM_LOSSY_METHOD") == spec.get("method")):
             return [t + 1000 if t == 3 else t for t in ids]
         return ids
 
@@ -179,6 +205,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:2] == ["-c", "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('vllm') else 1)"] or (
             args and args[0] == "-c"):
+        if "arctic_inference" in " ".join(args) and os.environ.get("FAKE_VLLM_NO_ARCTIC"):
+            sys.exit(1)  # specconvert asks whether suffix decoding's package is there: "no"
         sys.exit(0)  # specconvert asks whether vllm can be imported: "yes"
     assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"], args
     main(args[2:])

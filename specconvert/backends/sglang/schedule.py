@@ -29,3 +29,17 @@ def speculative_settings(choice: Mapping[int, int]) -> dict[str, Any]:
     flags = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(k),
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
     return {"speculate": True, "flags": flags, "draft_len": k, "notes": notes}
+
+
+def ngram_flags(draft_len: int, ngram: Any) -> list[str]:
+    """SGLang's n-gram speculation (no head), the free arm of `bench.baselines`.
+
+    ``--speculative-algorithm NGRAM`` with ``--speculative-num-draft-tokens`` (the drafted tokens plus the verified
+    one, as for EAGLE's chain) and the match window ``--speculative-ngram-{min,max}-match-window-size``
+    (ServerArgs fields ``speculative_ngram_min_match_window_size``/``..._max_...``, defaults 1 and 12, in
+    ``python/sglang/srt/server_args.py`` of the 0.5 line; SGLang's docs, advanced_features/speculative_decoding.md:
+    NGRAM is CUDA-only). The BFS breadth, branch length and capacity keep SGLang's defaults.
+    """
+    return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(int(draft_len) + 1),
+            "--speculative-ngram-min-match-window-size", str(int(ngram.prompt_lookup_min)),
+            "--speculative-ngram-max-match-window-size", str(int(ngram.prompt_lookup_max))]

@@ -227,3 +227,25 @@ def llm_api_options(
         options[key] = value
     assert_known(options, target.spelling.family, target.version)
     return options
+
+
+# NGram (prompt lookup) decoding, the free-speculation arm of `bench.baselines` (no head). Every supported line has
+# it (``NGramDecodingConfig``, decoding_type "NGram", PyTorch backend; fields per release in the options data,
+# sources there). 1.2's ``max_matching_ngram_size`` defaults to 0, so it is always written.
+NGRAM_DECODING_TYPE = "NGram"
+
+
+def ngram_speculative_config(target: TargetVersion, draft_len: int, ngram: Any) -> dict[str, Any]:
+    """``speculative_config`` of the n-gram arm in ``target``'s spelling: ``max_draft_len`` tokens drafted from a match
+    of at most ``bench.ngram.prompt_lookup_max`` tokens (TensorRT-LLM has no minimum match length)."""
+    config = {"decoding_type": NGRAM_DECODING_TYPE, "max_draft_len": int(draft_len),
+              "max_matching_ngram_size": int(ngram.prompt_lookup_max)}
+    assert_known({"speculative_config": config}, target.spelling.family, target.version)
+    return config
+
+
+def ngram_options(baseline_options: dict[str, Any], target: TargetVersion, draft_len: int, ngram: Any) -> dict[str, Any]:
+    """``ngram.yaml``: the baseline's options (same memory, batch and context) plus the n-gram ``speculative_config``."""
+    options = {**baseline_options, "speculative_config": ngram_speculative_config(target, draft_len, ngram)}
+    assert_known(options, target.spelling.family, target.version)
+    return options
