@@ -37,14 +37,12 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def parameter_count(config: dict[str, Any]) -> int | None:
     """Parameters of a decoder-only transformer described by ``config`` (None when the sizes are missing)."""
-    c = _text_config(config)
-    try:
-        hidden, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
-    except (KeyError, TypeError, ValueError):
+    shape = model_shape(config)
+    if shape is None:
         return None
-    heads = int(c.get("num_attention_heads") or 1)
-    kv_heads = int(c.get("num_key_value_heads") or heads)
-    head_dim = int(c.get("head_dim") or hidden // heads)
+    c = _text_config(config)
+    hidden, layers, vocab = shape["hidden"], shape["layers"], shape["vocab"]
+    heads, kv_heads, head_dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q and o, k and v
     experts = int(c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0)
     if experts:
@@ -52,7 +50,7 @@ def parameter_count(config: dict[str, Any]) -> int | None:
         shared = int(c.get("n_shared_experts") or 0) * per_expert
         mlp = experts * per_expert + shared + hidden * experts  # experts, shared experts, router
     else:
-        mlp = 3 * hidden * int(c.get("intermediate_size") or 4 * hidden)
+        mlp = 3 * hidden * shape["intermediate"]
     norms = 2 * hidden
     embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
     return layers * (attention + mlp + norms) + embeddings + hidden
