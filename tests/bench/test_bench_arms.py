@@ -109,9 +109,11 @@ def _spec_config(start):
     return json.loads(argv[argv.index("--speculative-config") + 1]) if "--speculative-config" in argv else None
 
 
-def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baseline(cli, tuned_bundle, fake_vllm, tmp_path):  # noqa: F811
+def test_tuned_bundle_is_benched_against_the_recipes_fixed_chain_and_the_baseline(cli, tuned_bundle, fake_vllm, tmp_path,
+                                                                                   monkeypatch):  # noqa: F811
     root, path = tuned_bundle
     exe, log = fake_vllm
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 64.0)  # room for all three: auto interleaves them
     out = tmp_path / "bench"
     result = cli("bench", path, "--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}",
                  "--set", "bench.repeats=2", "--out", out, *QUICK, "--set", "bench.num_requests=4")

@@ -17,6 +17,15 @@ from tests.bench.test_bench_arms import QUICK, _spec_config, tuned_bundle  # noq
 from tests.serving.conftest import fake_vllm  # noqa: F401  (fixture)
 
 
+@pytest.fixture(autouse=True)
+def _room_for_every_server(monkeypatch):
+    """runtime.vllm_servers: auto decides from the RAM available now: pin it, so the runs interleave whatever else
+    this machine is doing (the RAM decision itself is tested in test_bench_arms)."""
+    from specconvert.backends.vllm import memory
+
+    monkeypatch.setattr(memory, "available_gib", lambda *a, **k: 64.0)
+
+
 def _vllm(exe):
     return ["--set", "runtime.backend=vllm", "--set", f"runtime.vllm_python={exe}", "--set", "bench.fixed_draft_lens=[]"]
 
