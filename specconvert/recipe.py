@@ -284,6 +284,13 @@ class TrainSpec(_Strict):
     )
     eval_samples: int = Field(16, ge=1, description="Evaluation prompts used (the first N).")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
+    eval_overlap: Literal["exclude", "keep"] = Field(
+        "exclude",
+        description="Training prompts that overlap an evaluation set (`eval_prompts`, `quantize.eval_prompts`: equal, "
+        "or an 8-word run shared). `exclude`: left out of training, counted and warned about, so the held-out "
+        "figures are held out. `keep`: trained on anyway, still counted and warned about (a head memorising its "
+        "evaluation prompts on purpose, as the vLLM integration test's does).",
+    )
     seed: int = Field(0, description="Seed of data order, head init and holdout split.")
     features: Literal["unquantized", "quantized"] = Field(
         "unquantized",

@@ -78,13 +78,17 @@ def load_prompt_sets(
     held_texts = [t for spec, key in held_sets for s in load_samples(spec, key, base_dir) for t in user_texts(s)]
     if held_texts:
         held_out, left_out = OverlapIndex(held_texts), 0
+        keep = getattr(train, "eval_overlap", "exclude") == "keep"
         for n in loaded:
-            loaded[n], dropped = keep_out(loaded[n], held_out, user_texts)
+            kept, dropped = keep_out(loaded[n], held_out, user_texts)
+            loaded[n] = loaded[n] if keep else kept
             left_out += dropped
         if left_out:
             output.warn(f"draft.train.prompts: {left_out} prompt{'s' if left_out > 1 else ''} overlap the evaluation "
                         f"set{'s' if len(held_sets) > 1 else ''} ({', '.join(key for _, key in held_sets)}: equal, or an "
-                        "8-word run shared) and were left out of training")
+                        "8-word run shared) and "
+                        + ("were trained on anyway (draft.train.eval_overlap: keep)" if keep else
+                           "were left out of training"))
         if report is not None:
             report.eval_overlaps = left_out
     written: list[dict[str, Any]] = []

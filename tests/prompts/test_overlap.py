@@ -123,6 +123,21 @@ def test_a_training_prompt_that_overlaps_an_evaluation_set_is_left_out_counted_a
     assert f"2 prompts overlap the evaluation set ({which}" in err and "left out of training" in err
 
 
+def test_eval_overlap_keep_trains_on_the_overlap_and_still_says_so(tmp_path, capsys):
+    """A head memorising its evaluation prompts on purpose (the vLLM integration test's) asks for it by name."""
+    from specconvert.recipe import TrainSpec
+    from specconvert.training.data import DataReport
+    from specconvert.training.prompt_sets import load_prompt_sets
+    from tests.tiny_models import byte_tokenizer
+
+    prompts = _jsonl(tmp_path / "train.jsonl", "fine one", HELD)
+    report = DataReport()
+    train = TrainSpec(prompts=prompts, eval_prompts=prompts, eval_overlap="keep")
+    samples = load_prompt_sets(train, tmp_path, None, byte_tokenizer(), [0], tmp_path / "cache", "t", report=report)
+    assert samples == [{"prompt": "fine one"}, {"prompt": HELD}] and report.eval_overlaps == 2
+    assert "trained on anyway (draft.train.eval_overlap: keep)" in capsys.readouterr().err
+
+
 def test_no_overlap_keeps_every_prompt_and_says_nothing(tmp_path, capsys):
     samples, report = _load(tmp_path, _jsonl(tmp_path / "t.jsonl", "a", "b"), eval_prompts=_jsonl(tmp_path / "e.jsonl", HELD))
     assert len(samples) == 2 and report.eval_overlaps == 0 and "overlap" not in capsys.readouterr().err
