@@ -41,7 +41,7 @@ import sys
 import time
 
 STEP_S = 0.01
-BATCH_WINDOW_S = 0.05
+BATCH_WINDOW_S = float(os.environ.get("FAKE_VLLM_BATCH_WINDOW_S", "0.05"))  # a test of batching under load sets more
 
 
 def main(argv: list[str]) -> None:

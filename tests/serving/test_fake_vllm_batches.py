@@ -4,6 +4,7 @@ together are decoded in the same steps, and each step drafts what the schedule g
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +22,12 @@ def scheduled_double(fake_vllm, tmp_path):
     port = free_port("127.0.0.1")
     spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 2,
             "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 8, 0]]}
+    # four requests from four threads must join one batch: a window of 0.5 s holds them on a loaded machine too (the
+    # default 0.05 s did not when another job held both cores)
     proc = subprocess.Popen([str(exe), "-m", "vllm.entrypoints.openai.api_server", "--served-model-name", "m",
                              "--speculative-config", json.dumps(spec), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "FAKE_VLLM_BATCH_WINDOW_S": "0.5"})
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
