@@ -160,7 +160,8 @@ def eos_ids(target_dir: Path, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in ids))
 
 
-def _load_tokenizer(target_dir: Path):
+def load_tokenizer(target_dir: Path):
+    """The target folder's tokenizer (transformers), or None where the folder has none."""
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     if not any((Path(target_dir) / n).is_file() for n in names):
         return None
@@ -222,7 +223,7 @@ class ReferenceDecoder:
                     f"draft hidden size {head.cfg.hidden_size} != target hidden size {target.config.hidden_size}",
                     fix="use a head trained for this target",
                 )
-        tokenizer = _load_tokenizer(target_dir)
+        tokenizer = load_tokenizer(target_dir)
         return cls(target, head, tokenizer, drafter, eos_ids(target_dir, tokenizer))
 
     @classmethod
