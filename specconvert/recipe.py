@@ -619,7 +619,8 @@ class BenchSpec(_Strict):
         description="Free-speculation arms (no head) run interleaved beside the bundle and the baseline, each with "
         "tau, speedup and a lossless check against plain decoding: `ngram` = prompt lookup (`bench.ngram`; vLLM, "
         "TensorRT-LLM; `build` also writes each engine's n-gram launch), `suffix` = vLLM suffix decoding (needs "
-        "`arctic-inference` in vLLM's environment). `[]` = none.",
+        "`arctic-inference` in vLLM's environment). `[]` = none. On vLLM, `tune` measures `ngram` beside every "
+        "draft length too, and the bundle serves it where it beats the head by `tune.margin` at every concurrency.",
     )
     ngram: NGramSpec = Field(default_factory=NGramSpec, description="Settings of the `ngram` arm of `bench.baselines`.")
     context_lengths: list[StrictInt] = Field(

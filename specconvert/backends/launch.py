@@ -148,8 +148,13 @@ def sglang_serve(target_dir: str, draft_dir: str, build: Any, runtime: Any, titl
     parallel = ["--tp-size", build.tensor_parallel_size]
     if build.moe_expert_parallel_size > 1:
         parallel += ["--ep-size", build.moe_expert_parallel_size]
-    if tuned is not None and not tuned["speculate"]:
-        spec: list[list[Any]] = []
+    spec: list[list[Any]]
+    if tuned is not None and tuned.get("method") == "ngram":
+        spec = [list(tuned["flags"])]
+        note = ("Tuned (`specconvert tune`): n-gram prompt lookup measured above the head at every concurrency, "
+                "so it is served, no head (SGLang's NGRAM is CUDA-only).")
+    elif tuned is not None and not tuned["speculate"]:
+        spec = []
         note = "Tuned (`specconvert tune`): speculation does not pay here, so the target is served alone."
     else:
         steps, topk, tokens = shape["steps"], shape["topk"], shape["draft_tokens"]

@@ -314,6 +314,8 @@ def _oracle_check(checks: _Checks, verdict: dict[str, Any] | None) -> None:
     if verdict.get("required"):
         fix = ((f"{verdict['enable']}, or " if verdict.get("enable") else "")
                + "serve_test.oracle.enabled: auto lets it skip where it cannot run (the skip is then reported)")
+    elif verdict["passed"] is False and verdict.get("fix"):
+        fix = verdict["fix"]
     elif verdict["passed"] is False:
         fix = "run `specconvert inspect` on engine/vllm/draft and convert/draft; see docs/serve.md (oracle)"
     checks.add("oracle: engine acceptance agrees with the reference decoder", verdict["passed"], verdict.get("delta"),

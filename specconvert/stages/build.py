@@ -53,7 +53,12 @@ def plan(recipe: Any, convert: dict[str, Any] | None, tuned: dict[str, Any] | No
         build = recipe.build
         trt_tuned = (tuned or {}).get("trtllm")
         spec = None
-        if trt_tuned is None or trt_tuned["speculate"]:
+        if trt_tuned is not None and trt_tuned.get("method") == "ngram":  # tune measured n-gram best everywhere
+            from types import SimpleNamespace
+
+            spec = trt_options.ngram_speculative_config(target, int(trt_tuned["max_draft_len"]),
+                                                        SimpleNamespace(prompt_lookup_max=trt_tuned["prompt_lookup_max"]))
+        elif trt_tuned is None or trt_tuned["speculate"]:
             if trt_tuned is not None:
                 build = build.model_copy(update={"max_draft_len": int(trt_tuned["max_draft_len"])})
             spec = trt_options.speculative_config(target, build, artifacts["draft_dir"], aux, report)
@@ -73,7 +78,7 @@ def tuned_forms(recipe: Any, convert: dict[str, Any]) -> tuple[dict[str, Any] | 
     measured, note = tuned_measurement(recipe, convert)
     if measured is None:
         return None, None, note
-    decision = forms.decide(measured, recipe.tune.margin)
+    decision = forms.decide(measured, recipe.tune.margin, recipe.bench.baselines)
     target = versions.resolve(recipe.runtime.trtllm_version)
     engines = forms.engine_forms(decision, target.version, recipe.build.max_batch_size, recipe.tune.trtllm_allow_zero)
     return engines, {"margin": recipe.tune.margin, **decision.as_dict()}, note
@@ -86,6 +91,9 @@ def trtllm_drafting(report: rules.RuleReport, recipe: Any, tuned: dict[str, Any]
     form = (tuned or {}).get("trtllm")
     if form is None:
         return f"chain of {recipe.build.max_draft_len}"
+    if form.get("method") == "ngram":
+        return (f"NGram: up to {form['max_draft_len']} tokens by prompt lookup, no head (specconvert tune measured it "
+                "best at every concurrency)")
     if not form["speculate"]:
         return "none: speculation does not pay at batch size 1 (specconvert tune)"
     schedule = form.get("draft_len_schedule")
@@ -218,6 +226,8 @@ def _run(recipe: Any, force: bool, load: bool, verify: bool = False) -> BuildRes
             "tune_decision": tune_decision,
             "draft_vocab_size": (convert.get("decisions") or {}).get("draft_vocab_size"),
             "trtllm_drafting": trtllm_drafting(report, recipe, tuned),
+            # what the bundle's launches speculate with: the head, or n-gram where tune measured it best everywhere
+            "speculation": ((tune_decision or {}).get("served") or "eagle3"),
             "sglang_shape": launch.chain_or_tree(recipe.build),
             "fixes": report.fixes,
             "keys_written": {

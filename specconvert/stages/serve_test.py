@@ -518,6 +518,78 @@ def _engine_decoding(serve: "ServeRun") -> Any:
     return Decoding(k, None, "the speculative vLLM server's --speculative-config at batch 1 (one request at a time)")
 
 
+def _served_ngram(serve: "ServeRun") -> dict[str, Any] | None:
+    """The speculative vLLM server's n-gram ``--speculative-config`` when it serves prompt lookup, else None."""
+    import json
+
+    record = next((s for s in serve.servers if s.phase == f"vllm ({SPECULATIVE})" and s.command), None)
+    argv = list(record.command) if record is not None else []
+    if "--speculative-config" not in argv:
+        return None
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    return config if config.get("method") == "ngram" else None
+
+
+def _ngram_oracle(recipe: Any, prompts: list[Prompt], serve: "ServeRun", config: dict[str, Any]) -> dict[str, Any]:
+    """The oracle of a bundle serving n-gram prompt lookup: the proposer replayed (``reference.ngram``) on each
+    prompt's tokens (the target's tokenizer and chat template, as vLLM renders them) and the greedy output the
+    engine returned, against the engine's counters of the same requests. Nothing but the tokenizer is loaded."""
+    from ..acceptance import combine, unavailable
+    from ..backends.vllm.launch import max_model_len
+    from ..reference.decoder import load_tokenizer
+    from ..reference.ngram import Replay
+    from ..serving import oracle
+    from ..serving.engine import reference_settings
+
+    spec = recipe.serve_test
+    chosen = _oracle_prompts(prompts, spec)
+    _, settings = reference_settings(recipe.workdir_path / "engine")
+    tokenizer = load_tokenizer(Path(settings["target_dir"]))
+    if tokenizer is None:
+        return oracle.skipped("the target has no tokenizer to render the prompts with")
+    k = int(config["num_speculative_tokens"])
+    replay, rows, ids = Replay(k), [], set()
+    for prompt in chosen:
+        outcome = serve.results.get((SPECULATIVE, prompt.id, False))
+        output_ids = outcome.completion.token_ids if outcome is not None and outcome.completion is not None else None
+        if output_ids is None:
+            continue
+        if prompt.messages is not None and getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+            prompt_ids = list(tokenizer.encode(text, add_special_tokens=False))
+        else:
+            prompt_ids = list(tokenizer.encode(prompt.prompt if prompt.messages is None else
+                                               "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt.messages)))
+        before = replay.drafts, replay.accepted
+        replay.add(prompt_ids, output_ids, int(config["prompt_lookup_min"]), int(config["prompt_lookup_max"]),
+                   max_model_len(recipe.build, recipe.runtime))
+        ids.add(prompt.id)
+        drafts, accepted = replay.drafts - before[0], replay.accepted - before[1]
+        rows.append({"id": prompt.id, "prompt_tokens": len(prompt_ids), "output_tokens": len(output_ids),
+                     "drafting_steps": drafts, "accepted": accepted})
+    if not ids:
+        return oracle.skipped("no speculative request returned token ids to replay the n-gram proposer on")
+    counted = [c["acceptance"] for c in serve.counted if not c["stream"] and c["prompt_id"] in ids]
+    engine = combine(counted) or unavailable("vllm counters", "no speculative request was counted")
+    verdict = oracle.compare(engine, replay.acceptance(),
+                             oracle.OracleTolerance(spec.oracle.tolerance, spec.oracle.per_position_tolerance))
+    if engine.available and not replay.drafts:  # the engine drafted where prompt lookup finds no match at all
+        verdict.update(status="disagrees", passed=False, causes=[],
+                       message=f"the engine counted {engine.drafts:g} drafting steps (tau {engine.acceptance_length:.3f}) "
+                               "where prompt lookup, replayed on the same prompts and outputs, finds no match")
+    if verdict.get("status") == "disagrees":  # the head's causes (aux layers, d2t, norms) do not apply: no head
+        verdict["causes"] = ["template"]
+        verdict["message"] = (verdict["message"].split(". Likely causes")[0] + ". Likely causes: the prompt tokens "
+                              "differ (the served chat template or special tokens), or the engine's proposer is not "
+                              "vLLM 0.32's prompt lookup")
+        verdict["fix"] = ("compare the served chat template with the target's tokenizer_config.json, and the vLLM "
+                          "release with 0.32 (docs/serve.md, oracle)")
+    verdict.update(decoding={"method": "ngram", **{key: config[key] for key in
+                                                   ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}},
+                   prompts=rows, prompts_used=sorted(ids))
+    return verdict
+
+
 def _oracle_device(recipe: Any) -> tuple[str | None, str]:
     """``(cpu|cuda, why)``, or ``(None, why not)`` when the wanted GPU is not there."""
     import torch
@@ -630,6 +702,9 @@ def _oracle_verdict(recipe: Any, prompts: list[Prompt], serve: "ServeRun", url: 
     decoding = _engine_decoding(serve)
     if decoding is None:
         return oracle.skipped("the speculative vLLM server did not run")
+    ngram = _served_ngram(serve)
+    if ngram is not None:  # the bundle serves prompt lookup (tune's choice): its acceptance is replayed, no model
+        return _ngram_oracle(recipe, prompts, serve, ngram)
     if decoding.draft_len == 0:
         return oracle.skipped("the engine drafts nothing at batch 1 (tune's schedule), so there is no acceptance "
                               "to compare", decoding=decoding.as_dict())

@@ -18,6 +18,11 @@ concurrency, so its measured cost at concurrency 1 stands for every level (said 
 report). Engines that batch (vLLM, TensorRT-LLM) are measured per level by their own runner;
 TensorRT-LLM's (``tuning.trtllm``) needs the package and trtllm-serve installed, and without
 them tune stops (exit 3) before anything is measured or written.
+
+Free speculation: where ``bench.baselines`` lists ``ngram`` and tune runs on vLLM, one more server serves the
+target with n-gram prompt lookup (no head, ``bench.ngram``'s window), measured at every level beside the
+candidates and compared with plain decoding like them. Where it beats the head's best choice by more than
+``tune.margin`` at every level, the bundle serves it (``tuning.forms.decide``); the report says so either way.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from ..errors import CheckFailed, ExternalFailure, InputError
 from ..manifest import canonical_hash, compute_fingerprint, manifest_hash, stage_dir, up_to_date, write_json_atomic
 from ..tuning import forms
 from ..tuning import model as M
-from ..tuning.measure import (DRAFTER_IDLE, Measured, measure_reference, measure_vllm, per_position, server_label,
-                              vllm_launch)
+from ..tuning.measure import (DRAFTER_IDLE, NGRAM, Measured, measure_reference, measure_vllm, per_position,
+                              server_label, vllm_launch)
 from .outputs import read_convert, tune_dir
 
 STAGE = "tune"
@@ -121,12 +126,13 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
     launch.write_draft_overlay(Path(artifacts["draft_dir"]), overlay, launch.vllm_overlay_update(aux))
     # DRAFTER_IDLE: what a 0 in vLLM's schedule really costs (the drafter still runs each step)
     values = vllm.launch_values(recipe.runtime, *vllm.launch_device(recipe.runtime, vllm.is_cpu_build(python)))
-    keys = sorted([*lengths, DRAFTER_IDLE], key=lambda k: k == 0)  # plain decoding's server in the last wave
+    extra = [DRAFTER_IDLE] + ([NGRAM] if "ngram" in recipe.bench.baselines else [])
+    keys = sorted([*lengths, *extra], key=lambda k: k == 0)  # plain decoding's server in the last wave
     placement = placing.place([server_label(k) for k in keys], recipe.runtime, recipe.build, values,
                               [artifacts["target_dir"], artifacts["draft_dir"]])
     launches = {k: vllm_launch(python, artifacts["target_dir"], str(overlay), recipe.build, recipe.runtime, recipe.name, k,
-                               values, placement)
-                for k in [*lengths, DRAFTER_IDLE]}
+                               values, placement, recipe.bench.ngram)
+                for k in [*lengths, *extra]}
     samples = _samples(recipe)
     count = max(len(samples), 2 * max(lvls))  # every level keeps its requests in flight for a while
     payloads = []
@@ -139,7 +145,9 @@ def _vllm_runs(recipe: Any, recipe_path: Path, convert: dict[str, Any], lengths:
     if not together and recipe.runtime.vllm_servers == "auto":
         output.warn(f"tune: {placement.why}: the vLLM servers run {placement.mode}, so drift between the candidates is "
                     "not cancelled (runtime.vllm_servers: together forces them up at once)")
-    output.log(f"tune: vLLM servers for draft lengths {lengths} and a drafter scheduled to 0; {count} requests x {tune.max_tokens} tokens "
+    output.log(f"tune: vLLM servers for draft lengths {lengths}, a drafter scheduled to 0"
+               + (" and n-gram prompt lookup (bench.baselines)" if NGRAM in launches else "")
+               + f"; {count} requests x {tune.max_tokens} tokens "
                f"at concurrency {lvls}, " + ("interleaved" if together else f"{placement.mode}") + f" ({placement.why})")
     by_label = {server_label(k): k for k in keys}
     with output.progress() as bar:
@@ -214,13 +222,23 @@ def fingerprint_inputs(recipe: Any, convert: dict[str, Any], engine_version: str
     sections["lossless"] = {"mode": lossless.mode, "tie_margin": lossless.tie_margin}
     inputs = {"recipe": sections, "prompts": canonical_hash(_samples(recipe)), "levels": levels(recipe),
               "lengths": candidate_lengths(recipe), "convert_manifest": manifest_hash(convert)}
+    if "ngram" in recipe.bench.baselines and recipe.runtime.backend == "vllm":  # absent: earlier fingerprints hold
+        inputs["ngram"] = free_settings(recipe)
     if engine_version is not None:
         inputs["engine_version"] = engine_version
     return inputs
 
 
+def free_settings(recipe: Any) -> dict[str, Any]:
+    """The n-gram arm's vLLM settings (what tune measures and a bundle serving it repeats)."""
+    from ..backends.vllm.launch import free_config, free_draft_len
+
+    config = free_config("ngram", free_draft_len(recipe.build, recipe.bench.ngram), recipe.bench.ngram)
+    return {key: config[key] for key in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")}
+
+
 def _length(k: int) -> str:
-    return "0 (drafter idle)" if k == DRAFTER_IDLE else str(k)
+    return {DRAFTER_IDLE: "0 (drafter idle)", NGRAM: "n-gram (no head)"}.get(k, str(k))
 
 
 def lossless_verdict(recipe: Any, runs: dict[tuple[int, int], Measured]) -> dict[str, Any]:
@@ -317,6 +335,9 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = Fals
             output.log(f"tune: {final} is up to date (use --force to measure again)")
             return TuneResult(existing, skipped=True)
 
+    if "ngram" in recipe.bench.baselines and backend != "vllm":
+        output.log(f"tune: bench.baselines lists ngram, but tune measures n-gram on vLLM only: not a candidate on "
+                   f"{backend} (bench puts it beside the head)")
     t0 = time.perf_counter()
     top = max(lengths)
     servers: list[dict[str, Any]] = []
@@ -348,17 +369,20 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = Fals
                 if isinstance(server.get(key), str):
                     server[key] = server[key].replace(str(stage.path), str(final))
         idle = {b: m for (k, b), m in runs.items() if k == DRAFTER_IDLE}
+        ngram = {b: m for (k, b), m in runs.items() if k == NGRAM}
         if any(m.failed_requests for m in runs.values()):
             bad = sum(m.failed_requests for m in runs.values())
             raise ExternalFailure(f"tune: {bad} requests failed while measuring", fix=f"see the server logs in {final}")
         lossless = lossless_verdict(recipe, runs)
-        runs = {key: m for key, m in runs.items() if key[0] != DRAFTER_IDLE}
+        runs = {key: m for key, m in runs.items() if key[0] not in (DRAFTER_IDLE, NGRAM)}
         longest = [m for (k, _), m in runs.items() if k == top]
         acceptance = [sum(p) / len(longest) for p in zip(*(per_position(m) for m in longest))] if longest else []
         decision = decide(runs, acceptance, recipe.tune.margin, serial)
         idle_rates = {b: m.tokens_per_second for b, m in idle.items()}
-        measured = forms.Measurement(decision["measured_rates"], idle_rates)
-        chosen = forms.decide(measured, recipe.tune.margin)
+        measured = forms.Measurement(decision["measured_rates"], idle_rates,
+                                     {"ngram": {b: m.tokens_per_second for b, m in ngram.items()}} if ngram else {},
+                                     {"ngram": free_settings(recipe)} if ngram else {})
+        chosen = forms.decide(measured, recipe.tune.margin, recipe.bench.baselines)
         v_choice = chosen.vllm_choice
         preview = engine_forms_preview(recipe, chosen)
         lines = verdict_lines(chosen.choice, lengths, decision["measured_rates"])
@@ -370,6 +394,12 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = Fals
                              f"({idle_rates[b] / base:.2f}x plain measured); the schedule drafts {k} there "
                              f"({rate / base:.2f}x plain), the best a speculative vLLM server does" if base else
                              f"vLLM, concurrency {b}: the schedule drafts {k}")
+        lines += chosen.free_notes
+        if ngram and not chosen.free_choice:
+            lines.append("n-gram prompt lookup (bench.baselines) measured below the head's choice at every "
+                         "concurrency: " + ", ".join(f"{b}: {m.tokens_per_second / decision['measured_rates'][(0, b)]:.2f}x "
+                                                     "plain" for b, m in sorted(ngram.items())
+                                                     if decision["measured_rates"].get((0, b))))
         for line in lines:
             output.log(f"tune: {line}")
         report = {
@@ -388,6 +418,12 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = Fals
             "choice": {str(b): k for b, k in chosen.choice.items()},
             "vllm_choice": {str(b): k for b, k in v_choice.items()} if idle else None,
             "vllm_drafter_idle": ({str(b): m.as_dict() for b, m in idle.items()} if idle else None),
+            "free_speculation": ({"ngram": {"settings": free_settings(recipe),
+                                            "runs": {str(b): m.as_dict() for b, m in sorted(ngram.items())},
+                                            "chosen_at": sorted(b for b, how in chosen.free_choice.items()
+                                                                if how == "ngram"),
+                                            "served": chosen.served == "ngram"}} if ngram else None),
+            "served": chosen.served,
             "predicted_choice": {str(b): k for b, k in decision["predicted_choice"].items()},
             "segments": [s.as_dict() for s in chosen.segments],
             "measured": measured.as_dict(),
@@ -401,7 +437,7 @@ def _run(recipe: Any, force: bool, recipe_path: Path | None, verify: bool = Fals
         (stage.path / "report.md").write_text(render_markdown(report), encoding="utf-8")
         if recipe.tune.plots:
             _plot(report, stage.path / "tune.png")
-        stage.finish(measured=report["measured"], margin=recipe.tune.margin, segments=report["segments"],
+        stage.finish(measured=report["measured"], margin=recipe.tune.margin, segments=report["segments"], served=chosen.served,
                      choice=report["choice"], vllm_choice=report["vllm_choice"],
                      per_position_acceptance=report["per_position_acceptance"], verdict=lines,
                      timings={"tune_s": report["tune_s"]})
@@ -427,6 +463,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["", "vLLM with the drafter loaded and its schedule at 0 (what a 0 in `num_speculative_tokens_per_batch_size` "
                 "costs: the drafter still runs each step): "
                 + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s" for b, m in idle.items())]
+    free = (report.get("free_speculation") or {}).get("ngram")
+    if free:
+        out += ["", f"n-gram prompt lookup (no head, bench.baselines; vLLM {free['settings']}): "
+                + ", ".join(f"concurrency {b}: {m['tokens_per_second']} tok/s, {m['acceptance_length']} tokens/step, "
+                            f"identical to plain: {m['identical_to_plain']}" for b, m in free["runs"].items())
+                + (". The bundle serves it." if free["served"] else
+                   f". Best at concurrency {free['chosen_at']}." if free["chosen_at"] else ".")]
     lossless = report.get("lossless") or {}
     if lossless.get("numerical_ties"):
         out += ["", f"Lossless: {lossless['numerical_ties']} difference(s) from plain decoding at a numerical tie "
@@ -458,6 +501,10 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         ks = [r["draft_len"] for r in rows]
         ax.plot(ks, [r["measured_tokens_per_second"] for r in rows], "o-", label=f"measured, concurrency {b}")
         ax.plot(ks, [r["predicted_tokens_per_second"] for r in rows], "x--", label=f"predicted, concurrency {b}")
+        free = ((report.get("free_speculation") or {}).get("ngram") or {}).get("runs", {}).get(str(b))
+        if free:  # no draft length of its own: a level across the chart
+            ax.axhline(free["tokens_per_second"], linestyle=":", color=ax.lines[-1].get_color(),
+                       label=f"n-gram (no head), concurrency {b}")
     ax.set_xlabel("draft length (0 = no speculation)")
     ax.set_ylabel("tokens/s")
     ax.set_title("specconvert tune")

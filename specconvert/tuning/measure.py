@@ -24,6 +24,10 @@ tokens, decoding wall time, request-steps and accepted drafts per position.
   forward pass every step to keep its KV cache in sync (``vllm/v1/spec_decode/llm_base_proposer.py``,
   ``propose``: "No draft tokens requested (e.g. Dynamic SD decided K=0)"), so what a 0 costs is
   measured, not assumed.
+  And, where the recipe lists ``ngram`` in ``bench.baselines``, :data:`NGRAM`: the target with vLLM's n-gram prompt
+  lookup (no head), measured like every candidate and compared with plain decoding like them; vLLM's counters count
+  its drafting steps only (a step without a match drafts nothing), so its tokens per step come from the tokens and
+  the accepted count: every step makes one token plus the drafts it accepted.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 
 DRAFTER_IDLE = -1  # key of the vLLM candidate "drafter loaded, schedule K = 0 everywhere"
+NGRAM = -2  # key of the vLLM candidate "n-gram prompt lookup, no head" (bench.baselines: [ngram])
 
 
 @dataclass
@@ -183,13 +188,20 @@ def measure_reference(decoder: Any, prompts: Sequence[Sequence[int]], lengths: S
 
 
 def vllm_launch(python: str, target_dir: str, overlay: str, build: Any, runtime: Any, name: str,
-                draft_len: int, values: Any = None, placement: Any = None) -> tuple[list[str], dict[str, str]]:
+                draft_len: int, values: Any = None, placement: Any = None, ngram: Any = None
+                ) -> tuple[list[str], dict[str, str]]:
     """argv (without --port) and environment of a vLLM server drafting ``draft_len`` tokens (0: no draft;
-    :data:`DRAFTER_IDLE`: the draft loaded, a schedule of 0 at every batch size); ``values``: the device's launch
-    values, ``placement``: its GPUs (``backends.vllm.placement``)."""
+    :data:`DRAFTER_IDLE`: the draft loaded, a schedule of 0 at every batch size; :data:`NGRAM`: prompt lookup with
+    ``ngram``'s window, no draft); ``values``: the device's launch values, ``placement``: its GPUs
+    (``backends.vllm.placement``)."""
     from ..backends.vllm import launch as vllm
     from ..bench.servers import HOST
 
+    if draft_len == NGRAM:
+        server = vllm.free_launch(python, target_dir, build, runtime, name, "ngram", ngram, values)
+        if placement is not None:
+            server = placement.apply(server)
+        return [*server.argv, "--host", HOST], {**os.environ, **server.env}
     idle = None
     if draft_len == DRAFTER_IDLE:
         idle = {"speculate": True, "num_speculative_tokens": 1,
@@ -276,7 +288,7 @@ async def _diagnose(url: str, payloads: Sequence[dict[str, Any]], outputs: dict[
 
 def server_label(k: int) -> str:
     """The label of candidate ``k``'s server (its log file, its placement)."""
-    return "k0-drafter" if k == DRAFTER_IDLE else f"k{k}"
+    return {DRAFTER_IDLE: "k0-drafter", NGRAM: "ngram"}.get(k, f"k{k}")
 
 
 async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels: Sequence[int], repeats: int,
@@ -296,10 +308,11 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                 shift = (rep + levels.index(b)) % len(order)
                 for k in order[shift:] + order[:shift]:
                     client = clients[k]
-                    before = await counters.snapshot(client) if k > 0 else None
+                    counted = k > 0 or k == NGRAM  # servers that draft: vLLM's spec-decode counters
+                    before = await counters.snapshot(client) if counted else None
                     records, duration = await run_load(client, Endpoint(server_label(k), urls[k], models[k], api), payloads, b,
                                                        run_timeout_s)
-                    after = await counters.snapshot(client) if k > 0 else None
+                    after = await counters.snapshot(client) if counted else None
                     m = out.setdefault((k, b), Measured(k, b, accepted_per_position=[0.0] * max(k, 0)))
                     ok = [r for r in records if r.ok]
                     if b == 1 and rep == 0:  # one request at a time: the same batch of one on every server
@@ -313,6 +326,14 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                         acc = counters.delta(before, after, requests=len(ok))
                         m.steps += int(acc.drafts or 0)
                         for i, rate in enumerate((acc.per_position or [])[:k]):
+                            m.accepted_per_position[i] += rate * (acc.drafts or 0)
+                    elif k == NGRAM:  # every step makes one token plus what it accepted; steps without a match count no draft
+                        acc = counters.delta(before, after, requests=len(ok))
+                        m.steps += max(tokens - len(ok) - int(acc.accepted_tokens or 0), 0)
+                        rates = acc.per_position or []
+                        if len(m.accepted_per_position) < len(rates):
+                            m.accepted_per_position += [0.0] * (len(rates) - len(m.accepted_per_position))
+                        for i, rate in enumerate(rates):
                             m.accepted_per_position[i] += rate * (acc.drafts or 0)
                     else:
                         m.steps += max(tokens - len(ok), 0)  # one token per step after the prefill's

@@ -177,7 +177,12 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
     args += ["--seed", "0"]
     if values.enforce_eager:
         args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
-    if draft_dir is not None and (tuned is None or tuned["speculate"]):
+    if draft_dir is not None and tuned is not None and tuned.get("method") == "ngram":
+        # tune measured n-gram prompt lookup best at every concurrency: the speculative server runs it, no head
+        config = {"method": "ngram", "num_speculative_tokens": int(tuned["num_speculative_tokens"]),
+                  "prompt_lookup_max": int(tuned["prompt_lookup_max"]), "prompt_lookup_min": int(tuned["prompt_lookup_min"])}
+        args += ["--speculative-config", json.dumps(config)]
+    elif draft_dir is not None and (tuned is None or tuned["speculate"]):
         config = speculative_config(draft_dir, tuned["num_speculative_tokens"] if tuned else build.max_draft_len)
         if tuned and tuned.get("num_speculative_tokens_per_batch_size"):
             config["num_speculative_tokens_per_batch_size"] = tuned["num_speculative_tokens_per_batch_size"]
@@ -250,7 +255,11 @@ def serve_script(target_dir: str, draft_dir: str | None, build: Any, runtime: An
     if tuned is not None and not tuned["speculate"]:
         draft_dir = None
     variables = server_env(runtime, values.device)
-    if draft_dir:
+    if draft_dir and tuned is not None and tuned.get("method") == "ngram":
+        what = ("with n-gram prompt lookup, no head: `specconvert tune` measured it above the head at every "
+                "concurrency")
+        draft_dir = None
+    elif draft_dir:
         what = "with EAGLE-3 (" + ("tuned by `specconvert tune`" if tuned else "chain of max_draft_len") + ")"
     elif tuned is not None:
         what = "tuned by `specconvert tune`: speculation does not pay here, so the target is served alone"
