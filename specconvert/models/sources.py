@@ -170,9 +170,17 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tokenizer, tmp)
         (tmp / ".complete").write_text(str(gguf_path) + "\n")
-        if out.exists():
+        if (out / ".complete").is_file():  # another process (a parallel test worker, a second user) finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        if out.exists():  # an attempt that died half-way (os.replace never leaves one; older versions did)
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / ".complete").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # the other process's rename landed between the check and ours
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
