@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,31 @@ def cli(capsys, monkeypatch):
         return CliResult(code, out, err)
 
     return run
+
+
+class _CurrentStderr:
+    """A stream that writes to whatever ``sys.stderr`` is at the time (each test's capture, then the terminal)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _library_logs_follow_stderr():
+    """transformers binds its one log handler to the ``sys.stderr`` of the moment it is first used. In a test run
+    that is some test's capture, closed when that test ends, and a later test's warning then prints "--- Logging
+    error ---" with a traceback into what that test asserts on (tests/inputs/test_bad_inputs.py failed so on two
+    pytest-xdist workers, whose order differs from one process's). One process of the CLI never meets this."""
+    from transformers.utils import logging as transformers_logging
+
+    logger = transformers_logging.get_logger("transformers")  # configures the library's handler now
+    for handler in logging.getLogger("transformers").handlers + logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(_CurrentStderr())
+    yield
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -55,29 +55,15 @@ def test_the_measurement_round_trips_and_older_manifests_still_read():
 
 @pytest.fixture(scope="module")
 def ngram_recipe(tmp_path_factory):
-    from tests.helpers.heads import write_head
-    from tests.tiny_models import write_tiny_target
+    from tests.helpers.tune import write_tiny_tune_recipe
 
     root = tmp_path_factory.mktemp("tune-ngram")
-    write_tiny_target(root / "target")
-    write_head(root / "head", "modelopt")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t}]})
-                                 for t in ("Name three colours.", "Hi!", "Count to five.")) + "\n")
-    recipe = {
-        "schema_version": 1, "name": "tiny-ngram", "workdir": "work",
-        "target": {"model": str(root / "target"), "dtype": "float32"},
-        "draft": {"model": str(root / "head")},
-        "build": {"max_draft_len": 2, "max_batch_size": 16},
-        "runtime": {"backend": "vllm", "device": "cpu", "trtllm_version": "1.2", "vllm_threads": 1},
-        "bench": {"concurrency": [1, 4], "baselines": ["ngram"],
-                  "ngram": {"num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
-        "tune": {"prompts": str(prompts), "num_prompts": 3, "max_tokens": 12, "plots": False},
-        "serve_test": {"prompts": str(prompts), "max_tokens": 12, "min_acceptance_length": 1.0,
-                       "oracle": {"enabled": "on"}},
-    }
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path, _ = write_tiny_tune_recipe(
+        root, "tiny-ngram", {"backend": "vllm", "device": "cpu", "trtllm_version": "1.2", "vllm_threads": 1},
+        {"concurrency": [1, 4], "baselines": ["ngram"],
+         "ngram": {"num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
+        serve_test=lambda prompts: {"prompts": str(prompts), "max_tokens": 12, "min_acceptance_length": 1.0,
+                                    "oracle": {"enabled": "on"}})
     assert _cli("convert", path) == 0
     return root, path
 

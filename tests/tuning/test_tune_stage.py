@@ -6,33 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from tests.serving.conftest import _cli, fake_vllm  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
 def tiny_recipe(tmp_path_factory):
-    from tests.helpers.heads import write_head
-    from tests.tiny_models import write_tiny_target
+    from tests.helpers.tune import write_tiny_tune_recipe
 
     root = tmp_path_factory.mktemp("tune")
-    write_tiny_target(root / "target")
-    write_head(root / "head", "modelopt")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": t}]})
-                                 for t in ("Name three colours.", "Hi!", "Count to five.")) + "\n")
-    recipe = {
-        "schema_version": 1, "name": "tiny-tune", "workdir": "work",
-        "target": {"model": str(root / "target"), "dtype": "float32"},
-        "draft": {"model": str(root / "head")},
-        "build": {"max_draft_len": 2, "max_batch_size": 16},
-        "runtime": {"backend": "reference", "device": "cpu", "trtllm_version": "1.4"},
-        "bench": {"concurrency": [1, 4]},
-        "tune": {"prompts": str(prompts), "num_prompts": 3, "max_tokens": 12, "plots": False},
-    }
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path, _ = write_tiny_tune_recipe(root, "tiny-tune", {"backend": "reference", "device": "cpu", "trtllm_version": "1.4"},
+                                     {"concurrency": [1, 4]})
     assert _cli("convert", path) == 0
     return root, path
 
