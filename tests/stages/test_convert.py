@@ -207,10 +207,14 @@ def test_int4_awq_refuses_unpackable_shapes_before_calibrating(cli, tmp_path, ta
 @pytest.mark.slow
 def test_int4_awq_calibrates_on_cpu_and_exports(cli, tmp_path):
     target = write_tiny_target(tmp_path / "target128", hidden_size=128, intermediate_size=256, head_dim=32)
-    extra = "quantize:\n  format: int4_awq\n  calib_samples: 2\n  calib_seq_len: 16\n"
+    # the acceptance check after quantizing runs too, on 2 prompts x 8 tokens: its default 16 x 64 through AWQ's
+    # fake-quantized CPU forward made this the suite's longest test (10 min of 25 on two workers)
+    extra = ("quantize:\n  format: int4_awq\n  calib_samples: 2\n  calib_seq_len: 16\n  eval_samples: 2\n"
+             "  eval_max_new_tokens: 8\n")
     result = cli("convert", recipe_for(tmp_path, target, "  init: random", extra), "--json")
     assert result.code == 0, result.stderr
     manifest = result.json()["manifest"]
     quant = json.loads((Path(manifest["artifacts"]["target_dir"]) / "hf_quant_config.json").read_text())
     assert quant["quantization"]["quant_algo"] == "W4A16_AWQ"
     assert manifest["quantization"]["format"] == "int4_awq"
+    assert manifest["quantization"]["acceptance"] is not None  # the check ran, on the small budget
