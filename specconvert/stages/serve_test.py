@@ -511,7 +511,7 @@ def _engine_decoding(serve: "ServeRun") -> Any:
     from ..backends.vllm import launch as vllm
     from ..serving.oracle import Decoding
 
-    record = next((s for s in serve.servers if s.phase == f"vllm ({SPECULATIVE})" and s.command), None)
+    record = _speculative_record(serve)
     if record is None or record.startup_s is None:
         return None
     k = vllm.drafted_chain(record.command, batch_size=1)
@@ -522,12 +522,16 @@ def _served_ngram(serve: "ServeRun") -> dict[str, Any] | None:
     """The speculative vLLM server's n-gram ``--speculative-config`` when it serves prompt lookup, else None."""
     import json
 
-    record = next((s for s in serve.servers if s.phase == f"vllm ({SPECULATIVE})" and s.command), None)
-    argv = list(record.command) if record is not None else []
+    argv = list(getattr(_speculative_record(serve), "command", None) or [])
     if "--speculative-config" not in argv:
         return None
     config = json.loads(argv[argv.index("--speculative-config") + 1])
     return config if config.get("method") == "ngram" else None
+
+
+def _speculative_record(serve: "ServeRun") -> Any:
+    """The speculative vLLM server's record (its argv in ``command``), or None where it never started."""
+    return next((s for s in serve.servers if s.phase == f"vllm ({SPECULATIVE})" and s.command), None)
 
 
 def _ngram_oracle(recipe: Any, prompts: list[Prompt], serve: "ServeRun", config: dict[str, Any]) -> dict[str, Any]:

@@ -82,24 +82,21 @@ def decide(measured: Measurement, margin: float, free_methods: tuple[str, ...] |
     v_choice = M.vllm_choice(choice, measured.rates, measured.drafter_idle, margin)
     free_choice: dict[int, str] = {}
     served, settings, notes = "eagle3", None, []
-    for method in ("ngram",):
-        rates = measured.free.get(method) if method in free_methods else None
-        if not rates:
-            continue
-        for b, k in choice.items():
-            head = measured.rates.get((k, b))
-            if head and rates.get(b) and rates[b] > head * (1 + margin):
-                free_choice[b] = method
-        won = sorted(b for b, m in free_choice.items() if m == method)
-        if won and won == sorted(choice):
-            served, settings = method, measured.free_settings.get(method)
-            notes.append(f"{method} measured best at every concurrency ({_versus(measured, method, choice)}): the "
-                         f"bundle serves {method} speculation (no head) on every engine")
-        elif won:
-            notes.append(f"{method} measured best at concurrency {', '.join(map(str, won))} only "
-                         f"({_versus(measured, method, {b: choice[b] for b in won})}); one server serves one method, "
-                         f"so the bundle serves the head, and engine/vllm/serve-{method}.sh (bench.baselines) serves "
-                         f"{method} for traffic at those levels")
+    rates = measured.free.get("ngram") if "ngram" in free_methods else None
+    for b, k in choice.items():
+        head = measured.rates.get((k, b))
+        if rates and head and rates.get(b) and rates[b] > head * (1 + margin):
+            free_choice[b] = "ngram"
+    if free_choice and sorted(free_choice) == sorted(choice):
+        served, settings = "ngram", measured.free_settings.get("ngram")
+        notes.append(f"ngram measured best at every concurrency ({_versus(measured, 'ngram', choice)}): the bundle "
+                     "serves ngram speculation (no head) on every engine")
+    elif free_choice:
+        won = sorted(free_choice)
+        notes.append(f"ngram measured best at concurrency {', '.join(map(str, won))} only "
+                     f"({_versus(measured, 'ngram', {b: choice[b] for b in won})}); one server serves one method, so "
+                     "the bundle serves the head, and engine/vllm/serve-ngram.sh (bench.baselines) serves ngram for "
+                     "traffic at those levels")
     return Decision(choice, v_choice, M.schedule(choice), M.schedule(v_choice), free_choice, served, settings, notes)
 
 

@@ -322,17 +322,15 @@ async def _runs(urls: dict[int, str], payloads: Sequence[dict[str, Any]], levels
                     m.tokens += tokens
                     m.prefill_tokens += len(ok)
                     m.decode_s += duration
-                    if k > 0:
+                    if counted:
                         acc = counters.delta(before, after, requests=len(ok))
-                        m.steps += int(acc.drafts or 0)
-                        for i, rate in enumerate((acc.per_position or [])[:k]):
-                            m.accepted_per_position[i] += rate * (acc.drafts or 0)
-                    elif k == NGRAM:  # every step makes one token plus what it accepted; steps without a match count no draft
-                        acc = counters.delta(before, after, requests=len(ok))
-                        m.steps += max(tokens - len(ok) - int(acc.accepted_tokens or 0), 0)
-                        rates = acc.per_position or []
-                        if len(m.accepted_per_position) < len(rates):
-                            m.accepted_per_position += [0.0] * (len(rates) - len(m.accepted_per_position))
+                        if k > 0:
+                            m.steps += int(acc.drafts or 0)
+                            rates = (acc.per_position or [])[:k]
+                        else:  # n-gram: every step makes one token plus what it accepted; steps without a match count no draft
+                            m.steps += max(tokens - len(ok) - int(acc.accepted_tokens or 0), 0)
+                            rates = acc.per_position or []
+                            m.accepted_per_position += [0.0] * max(len(rates) - len(m.accepted_per_position), 0)
                         for i, rate in enumerate(rates):
                             m.accepted_per_position[i] += rate * (acc.drafts or 0)
                     else:

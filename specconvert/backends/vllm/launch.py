@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ...errors import EnvironmentMissing
@@ -179,9 +180,8 @@ def server_args(target_dir: str, draft_dir: str | None, build: Any, runtime: Any
         args.append("--enforce-eager")  # no torch.compile / graph capture: minutes saved at startup on a CPU
     if draft_dir is not None and tuned is not None and tuned.get("method") == "ngram":
         # tune measured n-gram prompt lookup best at every concurrency: the speculative server runs it, no head
-        config = {"method": "ngram", "num_speculative_tokens": int(tuned["num_speculative_tokens"]),
-                  "prompt_lookup_max": int(tuned["prompt_lookup_max"]), "prompt_lookup_min": int(tuned["prompt_lookup_min"])}
-        args += ["--speculative-config", json.dumps(config)]
+        window = SimpleNamespace(prompt_lookup_max=tuned["prompt_lookup_max"], prompt_lookup_min=tuned["prompt_lookup_min"])
+        args += ["--speculative-config", json.dumps(free_config("ngram", tuned["num_speculative_tokens"], window))]
     elif draft_dir is not None and (tuned is None or tuned["speculate"]):
         config = speculative_config(draft_dir, tuned["num_speculative_tokens"] if tuned else build.max_draft_len)
         if tuned and tuned.get("num_speculative_tokens_per_batch_size"):
